@@ -1,0 +1,395 @@
+"""Resolve a launch config on the host from shapes alone.
+
+Lookup chain for one key::
+
+    process memo -> user database snapshot (read once per process and device)
+                 -> shipped table (db/<device-key>.json) -> analytical heuristic
+
+then an override (``config=`` argument or ``KDISPATCH_OVERRIDE``) wins over all of them and
+says so. Nothing here reads device memory or synchronizes: keys come from ``.shape``,
+``.dtype`` and ``.device`` only, so a resolve inside CUDA-graph capture is safe and
+returns the same constant at capture and at every replay.
+
+A missing or corrupt database or table degrades to the next source with one warning; it
+never raises into a serving process. ``KDISPATCH_STRICT=1`` turns a heuristic fallback
+into :class:`~kdispatch.errors.StrictMissError`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from kdispatch.device import Device
+from kdispatch.errors import StrictMissError, warn_once
+from kdispatch.registry import OpConfig, OpKey, OpSpec, get_op
+from kdispatch.settings import OVERRIDE_ENV, Settings
+
+log = logging.getLogger(__name__)
+
+Source = Literal["memo", "database", "table", "heuristic", "override"]
+
+
+@dataclass(frozen=True)
+class Consulted:
+    """One source the resolver looked at and what it found there."""
+
+    source: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What :func:`explain` returns: the key, the config, and where it came from."""
+
+    op: str
+    key: OpKey
+    config: OpConfig
+    provenance: Source
+    origin: Source  # the source behind a memo hit (== provenance otherwise)
+    consulted: tuple[Consulted, ...]
+
+
+@dataclass
+class _Entry:
+    op: str
+    key: OpKey
+    config: OpConfig
+    source: Source
+    consulted: tuple[Consulted, ...]
+    calls: int = 1
+
+
+@dataclass
+class Stats:
+    """Counters of one process's resolutions (``kdispatch.stats()``)."""
+
+    resolutions: int = 0
+    memo_hits: int = 0
+    by_source: dict[str, int] = field(default_factory=dict)
+    misses: dict[str, int] = field(default_factory=dict)  # "op key-json" -> calls
+    db_error: str | None = None
+    tables: dict[str, str] = field(default_factory=dict)  # device key -> table status
+
+
+class Dispatcher:
+    """Holds the memo, the database snapshots and the loaded tables of one process."""
+
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or Settings.from_env()
+        self._memo: dict[Any, _Entry] = {}
+        self._devices: dict[Any, Device] = {}
+        self._db: dict[str, dict[tuple[str, str], tuple[dict, str]] | None] = {}
+        self._tables: dict[str, dict[tuple[str, str], Any]] = {}
+        self._lock = threading.RLock()
+        self.db_error: str | None = None
+        self.table_status: dict[str, str] = {}
+        self._miss_writer: _MissWriter | None = None
+        if self.settings.override_error:
+            warn_once("override-env", self.settings.override_error)
+
+    # -- the hot path -------------------------------------------------------------------------
+    def resolve(self, op: str, args: Mapping[str, Any], config: Any = None) -> OpConfig:
+        if config is not None:
+            return self.explain(op, args, config).config
+        spec = get_op(op)
+        mk = (op, spec.memo_key(args))
+        entry = self._memo.get(mk)
+        if entry is not None:
+            entry.calls += 1
+            return entry.config
+        return self._resolve_slow(spec, args, mk).config
+
+    def explain(self, op: str, args: Mapping[str, Any], config: Any = None) -> Explanation:
+        spec = get_op(op)
+        if config is not None:
+            key = spec.key(self.device(spec.device_of(args)), args)
+            cfg = self._coerce_config(spec, key, config, "config")
+            return Explanation(op, key, cfg, "override", "override",
+                               (Consulted("override", "config= argument"),))
+        mk = (op, spec.memo_key(args))
+        entry = self._memo.get(mk)
+        if entry is not None:
+            entry.calls += 1
+            return Explanation(op, entry.key, entry.config, "memo", entry.source,
+                               (Consulted("memo", f"hit ({entry.source})"), *entry.consulted))
+        entry = self._resolve_slow(spec, args, mk)
+        return Explanation(op, entry.key, entry.config, entry.source, entry.source,
+                           (Consulted("memo", "miss"), *entry.consulted))
+
+    # -- the chain ----------------------------------------------------------------------------
+    def _resolve_slow(self, spec: OpSpec, args: Mapping[str, Any], mk: Any) -> _Entry:
+        device = self.device(spec.device_of(args))
+        key = spec.key(device, args)
+        with self._lock:
+            entry = self._memo.get(mk)
+            if entry is not None:
+                return entry
+            entry = self._chain(spec, key)
+            self._memo[mk] = entry
+        return entry
+
+    def _chain(self, spec: OpSpec, key: OpKey) -> _Entry:
+        from kdispatch.store import digest
+
+        consulted: list[Consulted] = []
+        kd = digest(key.model_dump(mode="json"))
+        config: OpConfig | None = None
+        source: Source = "heuristic"
+
+        rows = self._db_rows(key.device)
+        if rows is None:
+            consulted.append(Consulted("database", self.db_error or "not available"))
+        else:
+            hit = rows.get((spec.name, kd))
+            if hit is None:
+                consulted.append(Consulted("database", "no row for this key"))
+            else:
+                cfg_data, source_hash = hit
+                if source_hash != spec.source_hash():
+                    consulted.append(Consulted("database", "row is stale (kernel source changed)"))
+                    warn_once(f"db-stale:{spec.name}:{key.device}",
+                              f"kdispatch: database rows for {spec.name} on {key.device} were "
+                              "tuned with other kernel sources; using the next source")
+                else:
+                    config = self._validated(spec, key, cfg_data, "database")
+                    if config is not None:
+                        source = "database"
+                        consulted.append(Consulted("database", "hit"))
+                    else:
+                        consulted.append(Consulted("database", "row rejected (invalid config)"))
+
+        if config is None:
+            table = self._table(key.device)
+            hit = table.get((spec.name, kd))
+            status = self.table_status.get(key.device, "no table")
+            if hit is None:
+                consulted.append(Consulted("table", f"{status}: no entry for this key"
+                                           if status.startswith("loaded") else status))
+            else:
+                config, source = hit.config, "table"
+                consulted.append(Consulted("table", "hit"))
+
+        if config is None:
+            config = spec.heuristic(key)
+            consulted.append(Consulted("heuristic", "computed"))
+            override = self.settings.overrides.get(spec.name)
+            if self.settings.strict and override is None:
+                raise StrictMissError(
+                    f"KDISPATCH_STRICT: no tuned config for {spec.name} key "
+                    f"{key.model_dump(mode='json')}; tune it (kdispatch tune) or unset strict")
+            self._record_miss(spec, key)
+
+        override = self.settings.overrides.get(spec.name)
+        if override is not None:
+            merged = {**config.model_dump(), **override}
+            cfg = self._coerce_config(spec, key, merged, OVERRIDE_ENV, warn=True)
+            if cfg is not None:
+                config, source = cfg, "override"
+                consulted.append(Consulted("override", f"{OVERRIDE_ENV} {override}"))
+        return _Entry(op=spec.name, key=key, config=config, source=source, consulted=tuple(consulted))
+
+    def _validated(self, spec: OpSpec, key: OpKey, data: Mapping[str, Any],
+                   where: str) -> OpConfig | None:
+        try:
+            config = spec.parse_config(data)
+            spec.check_config(key, config)
+            return config
+        except (ValueError, ValidationError) as exc:
+            warn_once(f"invalid:{where}:{spec.name}:{key.device}",
+                      f"kdispatch: rejected an invalid {spec.name} config from the {where}: "
+                      f"{str(exc).splitlines()[0]}")
+            return None
+
+    def _coerce_config(self, spec: OpSpec, key: OpKey, config: Any, name: str,
+                       warn: bool = False) -> OpConfig | None:
+        try:
+            if isinstance(config, spec.config_model):
+                cfg = config
+            elif isinstance(config, Mapping):
+                cfg = spec.parse_config(config)
+            else:
+                raise ValueError(f"expected {spec.config_model.__name__} or a mapping, got "
+                                 f"{type(config).__name__}")
+            spec.check_config(key, cfg)
+            return cfg
+        except (ValueError, ValidationError) as exc:
+            msg = f"{name}: invalid {spec.name} config: {str(exc).splitlines()[0]}"
+            if warn:
+                warn_once(f"override:{spec.name}", f"kdispatch: {msg}; ignored")
+                return None
+            raise ValueError(msg) from None
+
+    # -- sources ------------------------------------------------------------------------------
+    def device(self, named: Any) -> Device:
+        if isinstance(named, Device):
+            return named
+        dev = self._devices.get(named)
+        if dev is None:
+            if named is None:
+                dev = Device.current()
+            elif isinstance(named, str) and not _looks_like_torch_device(named):
+                dev = Device.from_key(named)
+            else:
+                dev = Device.from_torch(named)
+            self._devices[named] = dev
+        return dev
+
+    def _db_rows(self, device_key: str) -> dict[tuple[str, str], tuple[dict, str]] | None:
+        if device_key in self._db:
+            return self._db[device_key]
+        from kdispatch.store import read_best_snapshot, sqlite_path
+
+        rows: dict[tuple[str, str], tuple[dict, str]] | None = None
+        url = self.settings.db_url
+        path = sqlite_path(url)
+        if path is not None and not path.exists():
+            self.db_error = f"no database file at {path}"
+            if self.settings.db_explicit:
+                warn_once("db-missing", f"kdispatch: KDISPATCH_DB names {path}, which does not "
+                          "exist; using shipped tables and heuristics")
+            else:
+                log.debug(self.db_error)
+        else:
+            try:
+                rows = {(r.op, r.key_digest): (r.config, r.source_hash)
+                        for r in read_best_snapshot(url, device_key)}
+            except Exception as exc:  # noqa: BLE001 - a broken database never breaks serving
+                self.db_error = f"database unusable: {type(exc).__name__}: {exc}"[:500]
+                warn_once("db-error", f"kdispatch: {self.db_error} ({url}); using shipped "
+                          "tables and heuristics")
+                rows = None
+        self._db[device_key] = rows
+        return rows
+
+    def _table(self, device_key: str) -> dict[tuple[str, str], Any]:
+        if device_key in self._tables:
+            return self._tables[device_key]
+        from kdispatch.tables import find_table_file, load_for_dispatch
+
+        entries: dict[tuple[str, str], Any] = {}
+        path = find_table_file(device_key)
+        if path is None:
+            self.table_status[device_key] = "no table"
+        else:
+            try:
+                entries, report = load_for_dispatch(path, device_key)
+                status = f"loaded {path.name}: {report.kept} entries"
+                if report.stale:
+                    status += f", {report.stale} stale"
+                    warn_once(f"table-stale:{device_key}",
+                              f"kdispatch: {report.stale} entries of {path} were tuned with "
+                              "other kernel sources; those keys use the heuristic")
+                if report.rejected:
+                    status += f", {len(report.rejected)} rejected"
+                    warn_once(f"table-rejected:{device_key}",
+                              f"kdispatch: rejected {len(report.rejected)} invalid entries of "
+                              f"{path}: {'; '.join(report.rejected[:3])}")
+                self.table_status[device_key] = status
+            except Exception as exc:  # noqa: BLE001 - a broken table never breaks serving
+                self.table_status[device_key] = f"table unusable: {exc}"[:500]
+                warn_once(f"table-error:{device_key}",
+                          f"kdispatch: {self.table_status[device_key]}; using heuristics")
+                entries = {}
+        self._tables[device_key] = entries
+        return entries
+
+    # -- misses -------------------------------------------------------------------------------
+    def _record_miss(self, spec: OpSpec, key: OpKey) -> None:
+        if not self.settings.record_misses:
+            return
+        if self._miss_writer is None:
+            self._miss_writer = _MissWriter(self.settings.db_url)
+        self._miss_writer.put(spec.name, key.model_dump(mode="json"))
+
+    def flush_misses(self, timeout: float = 30.0) -> None:
+        if self._miss_writer is not None:
+            self._miss_writer.flush(timeout)
+
+    def stats(self) -> Stats:
+        s = Stats(db_error=self.db_error, tables=dict(self.table_status))
+        for entry in list(self._memo.values()):
+            s.resolutions += entry.calls
+            s.memo_hits += entry.calls - 1
+            s.by_source[entry.source] = s.by_source.get(entry.source, 0) + entry.calls
+            if entry.source == "heuristic":
+                from kdispatch.store import canonical_json
+                name = f"{entry.op} {canonical_json(entry.key.model_dump(mode='json'))}"
+                s.misses[name] = s.misses.get(name, 0) + entry.calls
+        return s
+
+
+class _MissWriter:
+    """Writes recorded misses from a background thread: never on the resolve path.
+
+    Each new key is queued once (the memo sees a key's heuristic fallback once), so a
+    serving process makes at most one write per new key, and none from the thread that
+    may be capturing a CUDA graph.
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        self.q: queue.Queue[tuple[str, dict] | threading.Event] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="kdispatch-misses", daemon=True)
+        self.thread.start()
+        atexit.register(self.flush, 10.0)
+
+    def put(self, op: str, key: dict) -> None:
+        self.q.put((op, key))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        done = threading.Event()
+        self.q.put(done)
+        done.wait(timeout)
+
+    def _run(self) -> None:
+        from kdispatch.store import Store
+
+        store = None
+        while True:
+            item = self.q.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                store = store or Store(self.url)
+                store.record_miss(*item)
+            except Exception as exc:  # noqa: BLE001 - recording is best effort
+                warn_once("miss-writer", f"kdispatch: could not record a miss: {exc}")
+
+
+def _looks_like_torch_device(name: str) -> bool:
+    return name in ("cpu", "cuda") or name.startswith(("cuda:", "hip:"))
+
+
+_DISPATCHER: Dispatcher | None = None
+_INIT_LOCK = threading.Lock()
+
+
+def dispatcher() -> Dispatcher:
+    global _DISPATCHER
+    d = _DISPATCHER
+    if d is None:
+        with _INIT_LOCK:
+            if _DISPATCHER is None:
+                _DISPATCHER = Dispatcher()
+            d = _DISPATCHER
+    return d
+
+
+def reset(settings: Settings | None = None) -> Dispatcher:
+    """Drop the memo, snapshots and tables and re-read the environment (tests, tools)."""
+    global _DISPATCHER
+    with _INIT_LOCK:
+        old = _DISPATCHER
+        if old is not None:
+            old.flush_misses(5.0)
+        _DISPATCHER = Dispatcher(settings)
+        return _DISPATCHER
