@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from kdispatch.device import Device
-from kdispatch.errors import StrictMissError, warn_once
+from kdispatch.errors import StrictMissError, short_error, warn_once
 from kdispatch.registry import OpConfig, OpKey, OpSpec, get_op
 from kdispatch.settings import OVERRIDE_ENV, Settings
 
@@ -205,7 +205,7 @@ class Dispatcher:
         except (ValueError, ValidationError) as exc:
             warn_once(f"invalid:{where}:{spec.name}:{key.device}",
                       f"kdispatch: rejected an invalid {spec.name} config from the {where}: "
-                      f"{str(exc).splitlines()[0]}")
+                      f"{short_error(exc)}")
             return None
 
     def _coerce_config(self, spec: OpSpec, key: OpKey, config: Any, name: str,
@@ -221,7 +221,7 @@ class Dispatcher:
             spec.check_config(key, cfg)
             return cfg
         except (ValueError, ValidationError) as exc:
-            msg = f"{name}: invalid {spec.name} config: {str(exc).splitlines()[0]}"
+            msg = f"{name}: invalid {spec.name} config: {short_error(exc)}"
             if warn:
                 warn_once(f"override:{spec.name}", f"kdispatch: {msg}; ignored")
                 return None

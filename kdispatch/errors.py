@@ -39,3 +39,18 @@ def warn_once(tag: str, message: str) -> bool:
 def reset_warnings() -> None:
     with _lock:
         _warned.clear()
+
+
+def short_error(exc: BaseException) -> str:
+    """One line naming what is wrong; for pydantic errors, each field and its message."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            parts = [f"{'.'.join(str(p) for p in e.get('loc', ())) or 'value'}: {e.get('msg')}"
+                     for e in errors()]
+            if parts:
+                return "; ".join(parts)[:500]
+        except (TypeError, AttributeError):
+            pass
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:500]

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kdispatch.device import Device
+from kdispatch.errors import short_error
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def read_table(path: Path | str) -> TableFile:
     try:
         return TableFile.model_validate(raw)
     except ValidationError as exc:
-        raise ValueError(f"table {path} is malformed: {exc}") from None
+        raise ValueError(f"table {path} is malformed: {short_error(exc)}") from None
 
 
 def shipped_device_record(device_key: str) -> Device | None:
@@ -152,7 +153,7 @@ def validate_entries(table: TableFile, *, expect_device: str | None = None,
             config = spec.parse_config(e.config)
             spec.check_config(key, config)
         except (ValueError, ValidationError) as exc:
-            first = str(exc).splitlines()[0][:300]
+            first = short_error(exc)
             rejected.append(f"entry {i} ({e.op}): {first}")
             continue
         good[(e.op, digest(key.model_dump(mode="json")))] = (e, config)

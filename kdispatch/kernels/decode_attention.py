@@ -1,0 +1,362 @@
+"""Split-KV paged decode attention for GQA/MHA and absorbed MLA (op ``decode_attention``).
+
+Layout: ``q [B, Hq, Dk]``, caches ``[num_blocks, page_size, Hk, D]`` (vLLM flash layout,
+any strides with a contiguous last dim), ``block_table int32 [B, max_pages]``,
+``seq_lens int32 [B]`` (read only on the device).
+
+Kernels
+-------
+``_decode_stage1``
+    One program per (kv head x head block, split, request). It walks the tokens of its
+    split in ``BLOCK_N`` tiles, gathering each token's page through the block table, and
+    runs an online softmax over all ``BLOCK_H`` query heads that share the kv head, so each
+    K/V tile is read once per head block. Dk may exceed Dv (MLA: 512 latent + 64 rope
+    columns): the tile is loaded as a ``BLOCK_D`` main part and a ``BLOCK_DPE`` tail.
+    With ``SHARED_KV`` (v_cache aliases k_cache's first Dv columns: absorbed MLA) the main
+    K tile doubles as the V tile, so the latent is read from memory once.
+    With ``DIRECT`` (split count 1) it normalizes and writes the output itself; otherwise
+    it writes a normalized partial output and its log2-sum-exp for each non-empty split.
+``_decode_reduce``
+    One program per (q head, Dv block, request): merges the non-empty splits' partials.
+
+Split boundaries depend only on the request's own live length and the config
+(``chunk = ceil(ceil(live / S) / BLOCK_N) * BLOCK_N`` tokens per split, aligned to BLOCK_N),
+so a request's bits do not depend on what it is batched with; trailing splits of a short
+request are empty: stage 1 stores nothing for them and the reduce never reads them.
+The grid and every constexpr come from shapes and the config, never from ``seq_lens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kdispatch.kernels._common import check_runnable, check_tensor, interpreting
+
+LOG2E = 1.4426950408889634
+#: splits merged per iteration of the reduce
+_REDUCE_SPLIT_CHUNK = 16
+
+
+@triton.jit
+def _decode_stage1(
+    Q, K, V, BT, SL, O, PO, PL,
+    qk_scale, cap, window,
+    stride_qb, stride_qh,
+    stride_kb, stride_kp, stride_kh,
+    stride_vb, stride_vp, stride_vh,
+    stride_btb, stride_btp, stride_sl,
+    stride_ob, stride_oh,
+    stride_pob, stride_poh, stride_pos,
+    stride_plb, stride_plh,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, DV: tl.constexpr, DPE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
+    SHARED_KV: tl.constexpr, SLIDING: tl.constexpr, LOGIT_CAP: tl.constexpr,
+    UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_h = tl.program_id(0)
+    split = tl.program_id(1)
+    b = tl.program_id(2)
+    kvh = pid_h // HEAD_BLOCKS
+    offs_g = (pid_h % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_g < GROUP
+    heads = kvh * GROUP + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < DV
+
+    seq_len = tl.load(SL + b * stride_sl)
+    lo = seq_len * 0
+    if SLIDING:
+        lo = tl.maximum(seq_len - window, 0)
+    live = seq_len - lo
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    q_row = b * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(Q + q_row + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if BLOCK_DPE > 0:
+        offs_pe = tl.arange(0, BLOCK_DPE)
+        pe_mask = offs_pe < DPE
+        q_pe = tl.load(Q + q_row + DV + offs_pe[None, :],
+                       mask=h_mask[:, None] & pe_mask[None, :], other=0.0)
+        if UPCAST:
+            q_pe = q_pe.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    k_head = kvh * stride_kh
+    v_head = kvh * stride_vh
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(BT + b * stride_btb + (offs_n // PAGE) * stride_btp, mask=n_mask,
+                       other=0).to(tl.int64)
+        in_page = offs_n % PAGE
+        k_rows = page * stride_kb + in_page * stride_kp + k_head
+        k = tl.load(K + k_rows[:, None] + offs_d[None, :],
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC)
+        if BLOCK_DPE > 0:
+            k_pe = tl.load(K + k_rows[:, None] + DV + offs_pe[None, :],
+                           mask=n_mask[:, None] & pe_mask[None, :], other=0.0)
+            if UPCAST:
+                k_pe = k_pe.to(tl.float32)
+            s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
+        if LOGIT_CAP:
+            # cap * tanh(x / cap), with tanh(y) = 1 - 2 / (exp(2y) + 1) (saturates cleanly)
+            s = cap * (1.0 - 2.0 / (tl.exp2(s * (qk_scale * 2.8853900817779268 / cap)) + 1.0))
+            s = s * 1.4426950408889634
+        else:
+            s = s * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if SHARED_KV:
+            v = k
+        else:
+            v_rows = page * stride_vb + in_page * stride_vp + v_head
+            v = tl.load(V + v_rows[:, None] + offs_d[None, :],
+                        mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+            if UPCAST:
+                v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    if DIRECT:
+        out = acc / l_safe[:, None]
+        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+    else:
+        has_work = start < end
+        out = acc / l_safe[:, None]
+        tl.store(PO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos
+                 + offs_d[None, :], out, mask=(h_mask & has_work)[:, None] & d_mask[None, :])
+        tl.store(PL + b * stride_plb + heads * stride_plh + split, m_i + tl.log2(l_safe),
+                 mask=h_mask & has_work)
+
+
+@triton.jit
+def _decode_reduce(
+    SL, PO, PL, O, window,
+    stride_sl, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+    stride_ob, stride_oh,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    SLIDING: tl.constexpr,
+):
+    h = tl.program_id(0)
+    d_blk = tl.program_id(1)
+    b = tl.program_id(2)
+    seq_len = tl.load(SL + b * stride_sl)
+    lo = seq_len * 0
+    if SLIDING:
+        lo = tl.maximum(seq_len - window, 0)
+    live = seq_len - lo
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    n_valid = tl.cdiv(live, chunk)  # splits that hold tokens; the rest were never written
+
+    pl = PL + b * stride_plb + h * stride_plh
+    offs_s = tl.arange(0, SPLITS_P2)
+    lse = tl.load(pl + offs_s, mask=offs_s < n_valid, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp2(lse - m), 0)
+
+    offs_d = d_blk * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    d_mask = offs_d < DV
+    po = PO + b * stride_pob + h * stride_poh
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s0 in range(0, n_valid, SPLIT_CHUNK):
+        offs_c = s0 + tl.arange(0, SPLIT_CHUNK)
+        c_mask = offs_c < n_valid
+        w = tl.exp2(tl.load(pl + offs_c, mask=c_mask, other=float("-inf")) - m)
+        o = tl.load(po + offs_c[:, None] * stride_pos + offs_d[None, :],
+                    mask=c_mask[:, None] & d_mask[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * o, 0)
+    out = acc / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
+
+
+# -- host side ------------------------------------------------------------------------------
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def shares_latent(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """True when ``v_cache`` addresses the first Dv columns of ``k_cache`` (absorbed MLA).
+
+    Decided from host metadata only (data pointer, shapes, strides), so it is
+    capture-safe: then the kernel reuses each loaded K tile as the V tile. Any other
+    ``v_cache`` (a separate tensor, or a view at another offset) is read on its own.
+    """
+    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.dtype == k_cache.dtype
+            and v_cache.shape[:3] == k_cache.shape[:3]
+            and v_cache.stride()[:3] == k_cache.stride()[:3]
+            and v_cache.shape[3] <= k_cache.shape[3])
+
+
+def check_decode_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
+                        seq_lens: Any) -> None:
+    """Raise ValueError naming the offending argument when the inputs do not fit the op.
+
+    Reads shapes, dtypes, strides and devices only (never device memory).
+    """
+    check_tensor("q", q, ndim=3, dtypes=_DTYPES, last_contiguous=True)
+    check_runnable("q", q)
+    dev = q.device
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=_DTYPES, device=dev, last_contiguous=True)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=dev,
+                 last_contiguous=True)
+    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=dev)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=dev)
+    b, hq, dk = q.shape
+    nb, page, hk, dk_c = k_cache.shape
+    if tuple(v_cache.shape[:3]) != (nb, page, hk):
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must match k_cache's "
+                         f"{tuple(k_cache.shape[:3])} in its first three dims")
+    if dk_c != dk:
+        raise ValueError(f"k_cache: head dim {dk_c} != q's head dim {dk}")
+    dv = v_cache.shape[3]
+    if dv > dk or dv < 1:
+        raise ValueError(f"v_cache: head dim {dv} must be in [1, {dk}] (q/k head dim)")
+    if dk - dv > 256:
+        raise ValueError(f"v_cache: head dim {dv} leaves {dk - dv} extra q/k columns; "
+                         "at most 256 are supported")
+    if dv > 512:
+        raise ValueError(f"v_cache: head dim {dv} > 512 is not supported")
+    if hk < 1 or hq % hk:
+        raise ValueError(f"q: {hq} heads is not a multiple of k_cache's {hk} kv heads")
+    if block_table.shape[0] != b:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows for a batch of {b}")
+    if block_table.shape[1] < 1:
+        raise ValueError("block_table: needs at least one page column")
+    if seq_lens.shape[0] != b:
+        raise ValueError(f"seq_lens: {seq_lens.shape[0]} entries for a batch of {b}")
+    if b < 1 or hq < 1:
+        raise ValueError(f"q: empty batch or head dim in shape {tuple(q.shape)}")
+    if page < 1 or page & (page - 1):
+        raise ValueError(f"k_cache: page size {page} must be a power of two")
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, block_table: torch.Tensor,
+                            seq_lens: torch.Tensor, *, scale: float,
+                            out: torch.Tensor | None = None,
+                            sliding_window: int | None = None,
+                            logit_cap: float = 0.0) -> torch.Tensor:
+    """Run decode attention with an explicit config (no dispatch).
+
+    Parameters
+    ----------
+    config : DecodeConfig
+        ``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``, ``num_stages``.
+    q : Tensor ``[B, Hq, Dk]`` (fp32, fp16 or bf16; contiguous last dim)
+    k_cache : Tensor ``[num_blocks, page_size, Hk, Dk]``
+    v_cache : Tensor ``[num_blocks, page_size, Hk, Dv]``
+        ``Dv <= Dk``. The view ``k_cache[..., :Dv]`` (absorbed MLA) is detected and read
+        once through the K tile; any other tensor is read separately.
+    block_table : int32 Tensor ``[B, max_pages]``
+    seq_lens : int32 Tensor ``[B]``; each ``<= max_pages * page_size`` (read on device)
+    scale : float
+        Softmax scale applied to ``q . k``.
+    out : Tensor ``[B, Hq, Dv]`` in q's dtype, optional
+    sliding_window : int, optional
+        Attend to the last ``sliding_window`` tokens only (>= 1).
+    logit_cap : float
+        When > 0, scores become ``logit_cap * tanh(score / logit_cap)``.
+
+    Returns
+    -------
+    Tensor ``[B, Hq, Dv]`` in q's dtype (``out`` when given).
+    """
+    check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens)
+    b, hq, dk = q.shape
+    _, page, hk, _ = k_cache.shape
+    dv = v_cache.shape[3]
+    if sliding_window is not None and (isinstance(sliding_window, bool)
+                                       or int(sliding_window) < 1):
+        raise ValueError(f"sliding_window: must be None or an int >= 1, got {sliding_window!r}")
+    if not logit_cap >= 0.0:
+        raise ValueError(f"logit_cap: must be >= 0, got {logit_cap!r}")
+    if out is None:
+        out = torch.empty((b, hq, dv), dtype=q.dtype, device=q.device)
+    else:
+        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
+        if tuple(out.shape) != (b, hq, dv):
+            raise ValueError(f"out: shape {tuple(out.shape)} != {(b, hq, dv)}")
+
+    group = hq // hk
+    block_h = int(config.block_h)
+    head_blocks = triton.cdiv(group, block_h)
+    splits = int(config.num_kv_splits)
+    block_n = int(config.block_n)
+    shared = shares_latent(k_cache, v_cache)
+    upcast = interpreting() and q.dtype != torch.float32
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    block_d = max(16, _p2(dv))
+    dpe = dk - dv
+    block_dpe = max(16, _p2(dpe)) if dpe > 0 else 0
+    sliding = sliding_window is not None
+    window = int(sliding_window) if sliding else 0
+    cap = float(logit_cap)
+    qk_scale = float(scale) * (1.0 if cap > 0 else LOG2E)
+    direct = splits == 1
+    if direct:
+        po, pl = out, out  # unused placeholders
+        spo = (0, 0, 0)
+        spl = (0, 0)
+    else:
+        po = torch.empty((b, hq, splits, dv), dtype=torch.float32, device=q.device)
+        pl = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
+        spo = po.stride()[:3]
+        spl = pl.stride()[:2]
+    grid = (hk * head_blocks, splits, b)
+    _decode_stage1[grid](
+        q, k_cache, v_cache, block_table, seq_lens, out, po, pl,
+        qk_scale, cap if cap > 0 else 1.0, window,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0), block_table.stride(1), seq_lens.stride(0),
+        out.stride(0), out.stride(1),
+        *spo, *spl,
+        GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
+        BLOCK_N=block_n, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits,
+        SHARED_KV=shared, SLIDING=sliding, LOGIT_CAP=cap > 0, UPCAST=upcast, DIRECT=direct,
+        PREC=prec, num_warps=int(config.num_warps), num_stages=int(config.num_stages),
+    )
+    if not direct:
+        block_dv = min(block_d, 128)
+        _decode_reduce[(hq, triton.cdiv(dv, block_dv), b)](
+            seq_lens, po, pl, out, window,
+            seq_lens.stride(0), *spo, *spl, out.stride(0), out.stride(1),
+            DV=dv, BLOCK_DV=block_dv, BLOCK_N=block_n, NUM_KV_SPLITS=splits,
+            SPLITS_P2=max(16, _p2(splits)), SPLIT_CHUNK=_REDUCE_SPLIT_CHUNK, SLIDING=sliding,
+            num_warps=4, num_stages=2,
+        )
+    return out
+
+
+from kdispatch.kernels.decode_attention_ref import reference_decode_attention  # noqa: E402
+from kdispatch.kernels.decode_attention_spec import (  # noqa: E402
+    SPEC, DecodeConfig, DecodeKey, DecodeSpec,
+)
+
+__all__ = ["SPEC", "DecodeConfig", "DecodeKey", "DecodeSpec", "check_decode_inputs",
+           "launch_decode_attention", "reference_decode_attention", "shares_latent"]
