@@ -41,3 +41,43 @@ def _isolated_env(tmp_path, monkeypatch):
     dispatcher.reset()
     yield
     dispatcher.reset()
+
+
+PG_URL = os.environ.get("KDISPATCH_TEST_PG_URL", "")
+
+
+def _fresh_pg_database(base_url: str) -> tuple[str, callable]:
+    """A new empty PostgreSQL database on the test server; returns (url, drop)."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"kd_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(base_url).set(database=name).render_as_string(hide_password=False)
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return url, drop
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """A fresh empty database URL: a SQLite file, and a PostgreSQL database when the test
+    server is up (.ci/postgres starts one and exports KDISPATCH_TEST_PG_URL)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.sqlite'}"
+        return
+    if not PG_URL:
+        pytest.skip("no PostgreSQL test server (KDISPATCH_TEST_PG_URL unset; CI starts one)")
+    url, drop = _fresh_pg_database(PG_URL)
+    try:
+        yield url
+    finally:
+        drop()

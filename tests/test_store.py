@@ -1,6 +1,7 @@
 """The tuning database: round trip, best-per-key, schema versions, concurrent writers."""
 
 import multiprocessing as mp
+import os
 import sqlite3
 
 import pytest
@@ -8,6 +9,8 @@ import pytest
 from kdispatch import StoreError
 from kdispatch.device import Device
 from kdispatch.store import SCHEMA_VERSION, MeasurementIn, Store, digest
+
+from conftest import PG_URL
 
 KEY = {"device": "nvidia-h200", "vendor": "nvidia", "arch": "sm_90", "cu_count": 132,
        "dtype": "bfloat16", "num_q_heads": 12, "num_kv_heads": 1, "head_dim": 576,
@@ -23,8 +26,8 @@ def _m(config, median, **kw):
     return MeasurementIn(**base)
 
 
-def test_round_trip_typed_columns(tmp_path):
-    store = Store(str(tmp_path / "db.sqlite"))
+def test_round_trip_typed_columns(db_url):
+    store = Store(db_url)
     run = store.start_run(Device.from_key("nvidia-h200"), {"decode_attention": "h1"})
     assert store.record(_m({"num_kv_splits": 4}, 10.0), run_id=run)
     store.finish_run(run, "done")
@@ -38,16 +41,16 @@ def test_round_trip_typed_columns(tmp_path):
     assert store.counts() == {"runs": 1, "measurements": 1, "verified": 1, "misses": 0}
 
 
-def test_duplicate_measurement_is_skipped(tmp_path):
-    store = Store(str(tmp_path / "db.sqlite"))
+def test_duplicate_measurement_is_skipped(db_url):
+    store = Store(db_url)
     assert store.record(_m({"num_kv_splits": 4}, 10.0))
     assert not store.record(_m({"num_kv_splits": 4}, 9.0))
     assert store.measured_configs("decode_attention", KEY, "h1") == {digest({"num_kv_splits": 4})}
     assert store.measured_configs("decode_attention", KEY, "h2") == set()
 
 
-def test_best_verified_per_key(tmp_path):
-    store = Store(str(tmp_path / "db.sqlite"))
+def test_best_verified_per_key(db_url):
+    store = Store(db_url)
     store.record(_m({"s": 1}, 10.0))
     store.record(_m({"s": 2}, 5.0))
     store.record(_m({"s": 3}, 1.0, verified=False, status="rejected"))
@@ -100,8 +103,8 @@ def _writer(path: str, worker: int, n: int) -> None:
         store.record_miss("decode_attention", dict(KEY, batch=1 + (i % 4)))
 
 
-def test_two_processes_lose_no_rows(tmp_path):
-    path = str(tmp_path / "db.sqlite")
+def test_two_processes_lose_no_rows(db_url):
+    path = db_url
     Store(path).dispose()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(path, w, 60)) for w in range(2)]
@@ -116,3 +119,9 @@ def test_two_processes_lose_no_rows(tmp_path):
     assert {(r.config_digest) for r in rows} == {
         digest({"worker": w, "i": i}) for w in range(2) for i in range(60)}
     assert len(store.misses()) == 4  # deduplicated across processes
+
+
+def test_ci_runs_the_postgresql_tests():
+    """CI must exercise PostgreSQL for real, not skip it."""
+    assert PG_URL or not os.environ.get("CI"), \
+        "CI=true but KDISPATCH_TEST_PG_URL is unset: .ci/postgres did not run"

@@ -1,0 +1,348 @@
+"""Dispatch spec of ``decode_attention``: key, config, heuristic, candidate space, pruning.
+
+The key is built from shapes, dtypes and the device only. The context field is the
+*capacity* ``block_table.shape[1] * page_size`` (or the sliding window when smaller),
+bucketed with :func:`~kdispatch.buckets.half_pow2_bucket`; ``seq_lens`` values are never
+read, so a config resolved at CUDA-graph capture holds at every replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from kdispatch.buckets import half_pow2_bucket, pow2_bucket
+from kdispatch.device import Device
+from kdispatch.kernels._common import TORCH_DTYPES, dtype_name
+from kdispatch.registry import DType, OpConfig, OpKey, OpSpec, check_pow2
+
+MAX_SPLITS = 256
+#: partials (fp32 out + lse) may take at most this many bytes at the key's batch bucket
+WORKSPACE_BUDGET = 512 << 20
+#: batch_invariant keys pin batch to 1; their workspace is budgeted for this many rows
+INVARIANT_NOMINAL_BATCH = 64
+MAX_CANDIDATES = 60
+
+# (limit, value) ladders; the first row whose limit is >= the argument applies.
+#: programs (batch x head blocks) at one split -> whether to split at all (1 = no split).
+#: Split-KV pays only below a few waves; BENCHMARKING.md: GQA batch 64 x 8k (512 programs,
+#: ~3.9 waves of 132 SMs) is ~91% of the read ceiling with or without splits.
+SPLIT_OFF_WAVES = 2.0
+#: waves of programs the split count aims at: 2 gives the tail a second wave to balance
+#: in while keeping per-split fixed cost (q load, partial store + reduce) small.
+TARGET_WAVES = 2
+#: minimum BLOCK_N tiles per split, by context bucket: a split's fixed cost is about one
+#: to two tiles (q load, partial store, reduce read), so <4 tiles wastes most of it.
+MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
+    (4096, 2),        # short contexts: latency dominates, split finely to fill the device
+    (1 << 30, 4),     # long contexts: at least 4 tiles amortize the per-split cost
+)
+#: BLOCK_N by padded q/k head dim: larger tiles for narrow heads (more bytes in flight);
+#: MLA's 576-wide tile is 72 KB at 64 tokens, two stages fit the 227 KB of shared memory.
+BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 64), (256, 64), (1 << 20, 64))
+SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
+ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
+
+
+def _ladder(ladder: tuple[tuple[int, int], ...], x: float) -> int:
+    for limit, value in ladder:
+        if x <= limit:
+            return value
+    return ladder[-1][1]
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class DecodeKey(OpKey):
+    """Dispatch key of ``decode_attention`` (device fields + shapes, bucketed)."""
+
+    dtype: DType
+    kv_dtype: DType
+    num_q_heads: int = Field(ge=1, le=4096)
+    num_kv_heads: int = Field(ge=1, le=4096)
+    head_dim: int = Field(ge=1, le=1024)
+    head_dim_v: int = Field(ge=1, le=1024)
+    page_size: int = Field(ge=1, le=4096)
+    batch: int = Field(ge=1, le=1 << 20)
+    context: int = Field(ge=1, le=1 << 30)
+    sliding: bool = False
+    batch_invariant: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> DecodeKey:
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if self.head_dim_v > self.head_dim:
+            raise ValueError(f"head_dim_v {self.head_dim_v} > head_dim {self.head_dim}")
+        if self.batch_invariant and self.batch != 1:
+            raise ValueError("batch must be 1 when batch_invariant (the split count may not "
+                             "depend on the batch)")
+        return self
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def latent(self) -> bool:
+        """Absorbed-MLA shape: one kv head whose V is the first head_dim_v K columns."""
+        return self.num_kv_heads == 1 and self.head_dim_v < self.head_dim
+
+
+class DecodeConfig(OpConfig):
+    """Launch config of ``decode_attention`` (all fields become constexprs / grid)."""
+
+    num_kv_splits: int = Field(default=1, ge=1, le=MAX_SPLITS)
+    block_n: int = 64
+    block_h: int = 16
+    num_warps: int = 4
+    num_stages: int = Field(default=2, ge=1, le=5)
+
+    @field_validator("block_n")
+    @classmethod
+    def _block_n(cls, v: int) -> int:
+        return check_pow2("block_n", v, 16, 256)
+
+    @field_validator("block_h")
+    @classmethod
+    def _block_h(cls, v: int) -> int:
+        return check_pow2("block_h", v, 16, 128)
+
+
+def _workspace_bytes(key: DecodeKey, splits: int) -> int:
+    if splits == 1:
+        return 0
+    rows = INVARIANT_NOMINAL_BATCH if key.batch_invariant else key.batch
+    return rows * key.num_q_heads * splits * (key.head_dim_v + 1) * 4
+
+
+def _max_splits_for_budget(key: DecodeKey) -> int:
+    rows = INVARIANT_NOMINAL_BATCH if key.batch_invariant else key.batch
+    per_split = rows * key.num_q_heads * (key.head_dim_v + 1) * 4
+    return max(1, min(MAX_SPLITS, WORKSPACE_BUDGET // per_split))
+
+
+def _smem_bytes(key: DecodeKey, cfg: DecodeConfig) -> int:
+    esize = TORCH_DTYPES[key.kv_dtype].itemsize
+    dv = max(16, _p2(key.head_dim_v))
+    dpe = key.head_dim - key.head_dim_v
+    dpe = max(16, _p2(dpe)) if dpe else 0
+    cols = dv + dpe + (0 if key.latent else dv)
+    return max(1, cfg.num_stages - 1) * cfg.block_n * cols * esize + \
+        cfg.block_h * (dv + dpe) * TORCH_DTYPES[key.dtype].itemsize
+
+
+def _default_block_h(key: DecodeKey) -> int:
+    g = key.group
+    if g <= 16:
+        return 16
+    return min(64, _p2(g))  # aiter bh64-style regime for wide MLA (128 heads: 2 blocks)
+
+
+def _split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
+    batch = key.batch  # 1 for batch_invariant keys: the count depends on shapes only
+    base = batch * key.num_kv_heads * _cdiv(key.group, block_h)
+    if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
+        return 1
+    splits = _cdiv(TARGET_WAVES * key.cu_count, base)
+    min_tokens = _ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
+    splits = min(splits, max(1, key.context // min_tokens), _max_splits_for_budget(key))
+    return max(1, splits)
+
+
+class DecodeSpec(OpSpec):
+    """The ``decode_attention`` op: split-KV paged decode attention (GQA/MHA, MLA)."""
+
+    name = "decode_attention"
+    key_model = DecodeKey
+    config_model = DecodeConfig
+    source_modules = ("kdispatch.kernels.decode_attention",)
+
+    # -- resolution ---------------------------------------------------------------------
+    def memo_key(self, args: Mapping[str, Any]) -> Hashable:
+        q = args.get("q")
+        if isinstance(q, torch.Tensor):
+            k, v, bt = args["k_cache"], args["v_cache"], args["block_table"]
+            return ("t", tuple(q.shape), q.dtype, q.device, tuple(k.shape), k.dtype,
+                    tuple(v.shape), tuple(bt.shape), args.get("sliding_window"),
+                    bool(args.get("batch_invariant", False)))
+        return ("p",) + tuple(sorted((k, v) for k, v in args.items()
+                                     if not isinstance(v, torch.Tensor)))
+
+    def device_of(self, args: Mapping[str, Any]) -> Device | str | None:
+        q = args.get("q")
+        if isinstance(q, torch.Tensor):
+            return q.device
+        return args.get("device")
+
+    def key(self, device: Device, args: Mapping[str, Any]) -> DecodeKey:
+        window = args.get("sliding_window")
+        invariant = bool(args.get("batch_invariant", False))
+        q = args.get("q")
+        if isinstance(q, torch.Tensor):
+            from kdispatch.kernels.decode_attention import check_decode_inputs
+            check_decode_inputs(q, args.get("k_cache"), args.get("v_cache"),
+                                args.get("block_table"), args.get("seq_lens"))
+            k, v, bt = args["k_cache"], args["v_cache"], args["block_table"]
+            fields = dict(dtype=dtype_name(q.dtype, "q"), kv_dtype=dtype_name(k.dtype, "k_cache"),
+                          num_q_heads=q.shape[1], num_kv_heads=k.shape[2],
+                          head_dim=q.shape[2], head_dim_v=v.shape[3], page_size=k.shape[1],
+                          batch=q.shape[0], context=bt.shape[1] * k.shape[1])
+        else:
+            dtype = dtype_name(args.get("dtype", "bfloat16"), "dtype")
+            fields = dict(dtype=dtype, kv_dtype=dtype_name(args.get("kv_dtype") or dtype,
+                                                           "kv_dtype"),
+                          num_q_heads=int(args["num_q_heads"]),
+                          num_kv_heads=int(args["num_kv_heads"]),
+                          head_dim=int(args["head_dim"]),
+                          head_dim_v=int(args.get("head_dim_v") or args["head_dim"]),
+                          page_size=int(args.get("page_size", 16)), batch=int(args["batch"]),
+                          context=int(args["context"]))
+        if window is not None:
+            if isinstance(window, bool) or int(window) < 1:
+                raise ValueError(f"sliding_window: must be None or an int >= 1, got {window!r}")
+            fields["context"] = min(fields["context"], int(window))
+        fields["context"] = half_pow2_bucket(fields["context"], floor=16)
+        fields["batch"] = 1 if invariant else pow2_bucket(fields["batch"])
+        return DecodeKey(**OpKey.device_fields(device), **fields, sliding=window is not None,
+                         batch_invariant=invariant)
+
+    def heuristic(self, key: DecodeKey) -> DecodeConfig:  # type: ignore[override]
+        block_h = _default_block_h(key)
+        block_n = _ladder(BLOCK_N_BY_DIM, _p2(key.head_dim))
+        warps = 8 if block_h >= 64 else 4
+        cfg = DecodeConfig(num_kv_splits=_split_count(key, block_h, block_n), block_n=block_n,
+                           block_h=block_h, num_warps=warps, num_stages=2)
+        while not self.is_valid(key, cfg) and cfg.block_n > 16:
+            cfg = cfg.model_copy(update={"block_n": cfg.block_n // 2})
+        return cfg
+
+    def baseline(self, key: DecodeKey) -> DecodeConfig:  # type: ignore[override]
+        return self.heuristic(key).model_copy(update={"num_kv_splits": 1})
+
+    def is_valid(self, key: DecodeKey, config: DecodeConfig) -> bool:  # type: ignore[override]
+        if config.block_h > max(16, _p2(key.group)):
+            return False
+        if _workspace_bytes(key, config.num_kv_splits) > WORKSPACE_BUDGET:
+            return False
+        if key.vendor != "triton":  # GPU resource limits (the interpreter has none)
+            if _smem_bytes(key, config) > SMEM_LIMIT:
+                return False
+            acc = config.block_h * max(16, _p2(key.head_dim_v)) / (config.num_warps * 32)
+            if acc > ACC_REGS_LIMIT:
+                return False
+        return True
+
+    def candidates(self, key: DecodeKey) -> Iterable[DecodeConfig]:  # type: ignore[override]
+        h = self.heuristic(key)
+        base1 = key.batch * key.num_kv_heads * _cdiv(key.group, h.block_h)
+        splits = {1, h.num_kv_splits, max(1, h.num_kv_splits // 2), h.num_kv_splits * 2}
+        splits |= {_cdiv(w * key.cu_count, base1) for w in (1, 2, 4)}
+        splits = sorted(s for s in splits if s <= min(MAX_SPLITS, _max_splits_for_budget(key)))
+        if key.latent or key.head_dim > 256:
+            tiles = [(32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2), (64, 8, 2), (16, 4, 3)]
+        else:
+            tiles = [(64, 4, 2), (64, 4, 3), (32, 4, 2), (128, 4, 2), (128, 8, 2), (64, 8, 3)]
+        heads = sorted({h.block_h} | {b for b in (16, 32, 64) if b <= _p2(key.group)})
+        out: list[DecodeConfig] = []
+        seen = set()
+        for bh in heads:
+            for s in splits:
+                for bn, w, st in tiles:
+                    for warps in ((w, 8) if bh >= 64 else (w,)):
+                        cfg = DecodeConfig(num_kv_splits=s, block_n=bn, block_h=bh,
+                                           num_warps=warps, num_stages=st)
+                        if cfg in seen or not self.is_valid(key, cfg):
+                            continue
+                        seen.add(cfg)
+                        out.append(cfg)
+        # keep the heuristic, the baseline and the configs closest to the heuristic
+        def distance(c: DecodeConfig) -> tuple:
+            return (c != h, abs(c.num_kv_splits - h.num_kv_splits) / max(1, h.num_kv_splits),
+                    c.block_h != h.block_h, c.block_n != h.block_n, c.num_warps, c.num_stages)
+        out.sort(key=distance)
+        chosen = out[:MAX_CANDIDATES]
+        for must in (h, self.baseline(key)):
+            if must not in chosen and self.is_valid(key, must):
+                chosen[-1:] = [must]
+        return chosen
+
+    # -- launching ------------------------------------------------------------------------
+    def launch(self, config: DecodeConfig, **call_args: Any) -> Any:  # type: ignore[override]
+        from kdispatch.kernels.decode_attention import launch_decode_attention
+        return launch_decode_attention(config, **call_args)
+
+    # -- tuning hooks ---------------------------------------------------------------------
+    def make_inputs(self, key: DecodeKey, device: Any, seed: int) -> dict[str, Any]:  # type: ignore[override]
+        """Random inputs at the key's batch and context (capped on the CPU interpreter).
+
+        Pages are a random permutation; ``seq_lens`` are ragged in
+        ``[capacity / 2, capacity]`` with the first request at full capacity. MLA keys
+        get one latent cache with ``v_cache = k_cache[..., :head_dim_v]``.
+        """
+        dev = torch.device(device)
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        batch, context = key.batch, key.context
+        if dev.type == "cpu":  # the interpreter is slow: keep smoke inputs tiny
+            batch, context = min(batch, 2), min(context, 256)
+        page = key.page_size
+        pages = _cdiv(context, page)
+        cap = pages * page
+        if key.sliding:  # a window as large as the bucket, over a longer cache
+            window, pages, cap = context, pages * 2, cap * 2
+        else:
+            window = None
+        num_blocks = batch * pages + 3
+        qd, kd = TORCH_DTYPES[key.dtype], TORCH_DTYPES[key.kv_dtype]
+        q = torch.randn((batch, key.num_q_heads, key.head_dim), generator=g).to(dev, qd)
+        k_cache = torch.randn((num_blocks, page, key.num_kv_heads, key.head_dim),
+                              generator=g).to(dev, kd)
+        if key.latent:
+            v_cache = k_cache[..., :key.head_dim_v]
+        else:
+            v_cache = torch.randn((num_blocks, page, key.num_kv_heads, key.head_dim_v),
+                                  generator=g).to(dev, kd)
+        perm = torch.randperm(num_blocks, generator=g)[:batch * pages]
+        block_table = perm.view(batch, pages).to(torch.int32).to(dev)
+        lens = torch.randint(cap // 2 + 1, cap + 1, (batch,), generator=g)
+        lens[0] = cap
+        return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
+                "seq_lens": lens.to(torch.int32).to(dev), "scale": key.head_dim ** -0.5,
+                "sliding_window": window, "logit_cap": 0.0}
+
+    def run(self, config: DecodeConfig, inputs: dict[str, Any]) -> Any:  # type: ignore[override]
+        return self.launch(config, **inputs)
+
+    def reference(self, inputs: dict[str, Any]) -> Any:
+        from kdispatch.kernels.decode_attention_ref import reference_decode_attention
+        return reference_decode_attention(**inputs)
+
+    def tolerance(self, key: DecodeKey) -> tuple[float, float]:  # type: ignore[override]
+        # fp32: IEEE dots (input_precision="ieee"), only summation order differs: ~1e-6,
+        #   2e-4 leaves room for exp2 vs exp and long reductions.
+        # fp16: P is rounded to fp16 (2^-11) before the PV dot and the output is rounded
+        #   once more: ~1e-3 worst case on O(1) outputs.
+        # bf16: the same with an 8-bit mantissa (2^-8 per rounding): ~1e-2.
+        return {"float32": (2e-4, 2e-4), "float16": (5e-3, 5e-3),
+                "bfloat16": (2e-2, 2e-2)}[key.dtype]
+
+    def bytes_moved(self, key: DecodeKey) -> int:  # type: ignore[override]
+        kd = TORCH_DTYPES[key.kv_dtype].itemsize
+        qd = TORCH_DTYPES[key.dtype].itemsize
+        per_token = key.num_kv_heads * (key.head_dim if key.latent
+                                        else key.head_dim + key.head_dim_v)
+        kv = key.batch * key.context * per_token * kd
+        return kv + key.batch * key.num_q_heads * (key.head_dim + key.head_dim_v) * qd
+
+
+SPEC = DecodeSpec()
