@@ -1,0 +1,92 @@
+"""decode_attention on the GPU: graph capture + replay, sync-free resolve, > 2^31 caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kdispatch
+from kdispatch.kernels.decode_attention import reference_decode_attention
+
+pytestmark = pytest.mark.gpu
+
+RAGGED = [[1, 63, 64, 65, 4096, 4097, 65536, 327600],
+          [308736, 308737, 312831, 312832, 312833, 320000, 327599, 327600]]
+
+
+def _close(out, ref, tol=2e-2):
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_kimi_mla_graph_capture_and_replay_ragged():
+    torch.manual_seed(0)
+    b, hq, dk, dv, page, ctx = 8, 12, 576, 512, 16, 327600
+    pages = -(-ctx // page)
+    nb = b * pages + 5
+    k = torch.randn(nb, page, 1, dk, device="cuda", dtype=torch.bfloat16)
+    v = k[..., :dv]
+    q = torch.randn(b, hq, dk, device="cuda", dtype=torch.bfloat16)
+    bt = torch.randperm(nb, device="cuda")[:b * pages].view(b, pages).int()
+    sl = torch.full((b,), 100, dtype=torch.int32, device="cuda")
+    scale = dk ** -0.5
+    out = torch.empty(b, hq, dv, device="cuda", dtype=torch.bfloat16)
+    call = lambda: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, out=out)  # noqa
+    call()  # compile outside capture
+    torch.cuda.synchronize()
+    cfg = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
+                            seq_lens=sl)
+    assert cfg.num_kv_splits > 1
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for i, lens in enumerate(RAGGED * 2):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        if i >= 2:  # new page tables too
+            bt.copy_(torch.randperm(nb, device="cuda")[:b * pages].view(b, pages).int())
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out, reference_decode_attention(q, k, v, bt, sl, scale=scale))
+
+
+def test_resolve_and_launch_without_sync():
+    q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(300, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    bt = torch.randperm(300, device="cuda")[:4 * 64].view(4, 64).int()
+    sl = torch.tensor([1, 500, 1023, 1024], dtype=torch.int32, device="cuda")
+    kdispatch.decode_attention(q, k, v, bt, sl, scale=0.088)  # compile
+    kdispatch.reset_dispatcher()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = kdispatch.decode_attention(q, k, v, bt, sl, scale=0.088)
+        out2 = kdispatch.decode_attention(q, k, v, bt, sl, scale=0.088, batch_invariant=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ref = reference_decode_attention(q, k, v, bt, sl, scale=0.088)
+    _close(out, ref)
+    _close(out2, ref)
+
+
+def test_cache_over_2_pow_31_elements():
+    page, hk, d = 16, 1, 128
+    nb = (1 << 31) // (page * hk * d) + 4096  # > 2^31 elements per cache
+    k = torch.empty(nb, page, hk, d, device="cuda", dtype=torch.bfloat16).normal_()
+    v = k  # one tensor as K and V (shared path, Dv == Dk)
+    assert k.numel() > 2 ** 31
+    q = torch.randn(2, 4, d, device="cuda", dtype=torch.bfloat16)
+    pages = 40
+    bt = torch.arange(nb - 2 * pages, nb, device="cuda", dtype=torch.int32).view(2, pages)
+    sl = torch.tensor([pages * page, 333], dtype=torch.int32, device="cuda")
+    for splits in (1, 4):
+        out = kdispatch.decode_attention(q, k, v, bt, sl, scale=d ** -0.5,
+                                         config={"num_kv_splits": splits})
+        _close(out, reference_decode_attention(q, k, v, bt, sl, scale=d ** -0.5))
+    vs = torch.empty(nb, page, hk, d, device="cuda", dtype=torch.bfloat16).normal_()
+    out = kdispatch.decode_attention(q, k, vs, bt, sl, scale=d ** -0.5)
+    _close(out, reference_decode_attention(q, k, vs, bt, sl, scale=d ** -0.5))

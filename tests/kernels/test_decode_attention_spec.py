@@ -1,0 +1,145 @@
+"""decode_attention dispatch spec: keys, configs, heuristic, candidates (no kernels run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+import kdispatch
+from kdispatch.device import Device
+from kdispatch.kernels.decode_attention_spec import (
+    MAX_CANDIDATES, SPEC, WORKSPACE_BUDGET, DecodeConfig, DecodeKey, _workspace_bytes,
+)
+from kdispatch.registry import get_op
+
+H200 = Device.from_key("nvidia-h200")
+KIMI = dict(batch=8, context=327600, num_q_heads=12, num_kv_heads=1, head_dim=576,
+            head_dim_v=512, page_size=16, dtype="bfloat16")
+
+
+def key(**kw):
+    return SPEC.key(H200, {**KIMI, **kw})
+
+
+def test_registry_returns_spec():
+    assert get_op("decode_attention") is SPEC
+    assert SPEC.source_modules == ("kdispatch.kernels.decode_attention",)
+
+
+def test_plain_key_buckets():
+    k = key()
+    assert (k.batch, k.context, k.kv_dtype, k.sliding, k.batch_invariant) == \
+        (8, 393216, "bfloat16", False, False)
+    assert key(batch=5).batch == 8
+    assert key(sliding_window=4000).context == 4096 and key(sliding_window=4000).sliding
+    inv = key(batch=64, batch_invariant=True)
+    assert inv.batch == 1 and inv.batch_invariant
+
+
+def test_tensor_key_reads_shapes_only():
+    q = torch.empty(3, 8, 64)
+    k = torch.empty(10, 16, 2, 64)
+    bt = torch.empty(3, 20, dtype=torch.int32)
+    args = dict(q=q, k_cache=k, v_cache=k, block_table=bt,
+                seq_lens=torch.full((3,), 2 ** 30, dtype=torch.int32))
+    kk = SPEC.key(H200, args)
+    assert (kk.batch, kk.context, kk.num_q_heads, kk.num_kv_heads, kk.head_dim) == \
+        (4, 384, 8, 2, 64)
+    other = {**args, "seq_lens": torch.ones(3, dtype=torch.int32)}
+    assert SPEC.key(H200, other) == kk and SPEC.memo_key(other) == SPEC.memo_key(args)
+    assert SPEC.memo_key({**args, "batch_invariant": True}) != SPEC.memo_key(args)
+
+
+def test_key_validation():
+    with pytest.raises(ValidationError):
+        key(num_q_heads=12, num_kv_heads=5)
+    with pytest.raises(ValidationError):
+        DecodeKey(**{**key().model_dump(), "batch": 2, "batch_invariant": True})
+    with pytest.raises(ValueError, match="sliding_window"):
+        key(sliding_window=0)
+
+
+@pytest.mark.parametrize("field,value", [("num_kv_splits", 0), ("num_kv_splits", 257),
+                                         ("block_n", 48), ("block_n", 8), ("block_h", 8),
+                                         ("num_warps", 3), ("num_stages", 0)])
+def test_config_ranges(field, value):
+    with pytest.raises(ValidationError):
+        DecodeConfig(**{field: value})
+
+
+def test_heuristic_fills_device_for_kimi():
+    k = key()
+    cfg = SPEC.heuristic(k)
+    programs = k.batch * cfg.num_kv_splits
+    assert programs >= k.cu_count and cfg.num_kv_splits > 1
+    assert SPEC.is_valid(k, cfg)
+    assert kdispatch.resolve("decode_attention", device="nvidia-h200", **KIMI) == cfg
+
+
+def test_heuristic_large_batch_one_split():
+    k = key(batch=64, context=8192, num_q_heads=32, num_kv_heads=8, head_dim=128,
+            head_dim_v=128)
+    assert SPEC.heuristic(k).num_kv_splits == 1
+
+
+def test_heuristic_respects_min_tokens_and_budget():
+    short = key(batch=1, context=64)
+    assert SPEC.heuristic(short).num_kv_splits <= 2
+    for batch in (1, 8, 64, 512):
+        for hq in (12, 128):
+            k = key(batch=batch, num_q_heads=hq)
+            cfg = SPEC.heuristic(k)
+            assert _workspace_bytes(k, cfg.num_kv_splits) <= WORKSPACE_BUDGET
+            assert SPEC.is_valid(k, cfg)
+    inv = key(batch_invariant=True, num_q_heads=128)
+    assert _workspace_bytes(inv, SPEC.heuristic(inv).num_kv_splits) <= WORKSPACE_BUDGET
+
+
+def test_batch_invariant_split_count_does_not_depend_on_batch():
+    cfgs = {SPEC.heuristic(key(batch=b, batch_invariant=True)) for b in (1, 3, 8, 64)}
+    assert len(cfgs) == 1
+
+
+def test_is_valid_rejects_over_budget_and_oversized():
+    k = key(batch=512, num_q_heads=128)
+    assert not SPEC.is_valid(k, DecodeConfig(num_kv_splits=256, block_h=16))
+    assert not SPEC.is_valid(key(), DecodeConfig(block_h=64))  # 12 heads: block_h <= 16
+    assert not SPEC.is_valid(key(), DecodeConfig(block_n=256, num_stages=3))  # shared memory
+
+
+@pytest.mark.parametrize("kw", [{}, dict(batch=1, context=65536), dict(batch=32, num_q_heads=128,
+                                                                       context=16384),
+                                dict(batch=4, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                     head_dim_v=128, context=262144)])
+def test_candidates_bounded_valid_and_include_defaults(kw):
+    k = key(**kw)
+    cands = list(SPEC.candidates(k))
+    assert 8 <= len(cands) <= MAX_CANDIDATES
+    assert len(set(cands)) == len(cands)
+    assert all(SPEC.is_valid(k, c) for c in cands)
+    assert SPEC.heuristic(k) in cands and SPEC.baseline(k) in cands
+    assert SPEC.baseline(k).num_kv_splits == 1
+    assert len({c.num_kv_splits for c in cands}) >= 3
+
+
+def test_tolerance_and_bytes():
+    assert SPEC.tolerance(key(dtype="float32"))[0] < SPEC.tolerance(key(dtype="float16"))[0] \
+        < SPEC.tolerance(key())[0]
+    k = key()
+    mla = SPEC.bytes_moved(k)
+    assert mla >= k.batch * k.context * 576 * 2  # latent once
+    assert mla < k.batch * k.context * (576 + 512) * 2  # not K and V separately
+    g = key(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128)
+    assert SPEC.bytes_moved(g) >= g.batch * g.context * 8 * 256 * 2
+
+
+def test_make_inputs_map_to_key_on_cpu():
+    k = SPEC.key(Device.interpreter(), dict(KIMI, batch=2, context=64, num_q_heads=4))
+    inp = SPEC.make_inputs(k, "cpu", seed=1)
+    assert inp["v_cache"].data_ptr() == inp["k_cache"].data_ptr()
+    assert inp["q"].abs().sum() > 0 and inp["k_cache"].float().abs().sum() > 0
+    assert int(inp["seq_lens"].max()) <= inp["block_table"].shape[1] * 16
+    assert SPEC.key(Device.interpreter(), inp) == k
+    pages = inp["block_table"].flatten()
+    assert len(set(pages.tolist())) == pages.numel()
