@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 DTYPE = "bfloat16"
@@ -59,7 +59,6 @@ class Preset:
     description: str
     entries: tuple[PresetEntry, ...]
     max_candidates: int | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def grid(op: str, base: Mapping[str, Any], *, optional: bool = False, note: str = "",
@@ -176,9 +175,3 @@ def expand(names: Iterable[str], ops: Iterable[str] | None = None) -> list[Prese
                 out.append(entry)
     return out
 
-
-def max_candidates(names: Iterable[str]) -> int | None:
-    """The tightest candidate cap among the named presets (None when none caps)."""
-    caps = [get_preset(n).max_candidates for n in names]
-    caps = [c for c in caps if c is not None]
-    return min(caps) if caps else None
