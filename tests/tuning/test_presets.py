@@ -1,0 +1,66 @@
+"""Model presets expand to real op keys on the H200 record and the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdispatch.device import Device
+from kdispatch.registry import get_op
+from kdispatch.tuning import presets, sweep
+
+REQUIRED = ("ouro-1.4b", "huginn", "llama3-8b", "kimi-k3-tp8", "deepseek-v3-tp8", "smoke")
+
+
+def _keys(name, device, op):
+    targets, notes = sweep.plan(device, [name], [op])
+    return [t.key for t in targets], notes
+
+
+def test_required_presets_exist_and_are_bf16_page16():
+    assert set(REQUIRED) <= set(presets.preset_names())
+    for name in REQUIRED:
+        for e in presets.get_preset(name).entries:
+            assert e.args["dtype"] == "bfloat16" and e.args["page_size"] == 16
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        presets.get_preset("nope")
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_every_preset_plans_on_the_h200(name):
+    targets, notes = sweep.plan(Device.from_key("nvidia-h200"), [name])
+    assert targets
+    for t in targets:
+        spec = get_op(t.op)
+        key = spec.parse_key(t.key)
+        assert key.device == "nvidia-h200"
+        assert sweep.candidate_list(spec, key)[0][1] is True  # heuristic first
+
+
+def test_preset_shapes_match_benchmarking_md():
+    h200 = Device.from_key("nvidia-h200")
+    gqa, _ = _keys("llama3-8b", h200, "decode_attention")
+    pairs = {(k["batch"], k["num_q_heads"], k["num_kv_heads"], k["head_dim"]) for k in gqa}
+    assert pairs == {(b, 32, 8, 128) for b in (1, 8, 64, 4)}
+    assert any(k["batch"] == 4 and k["context"] >= 262144 for k in gqa)
+    assert len(gqa) == 10
+    kimi, _ = _keys("kimi-k3-tp8", h200, "decode_attention")
+    assert {(k["num_q_heads"], k["num_kv_heads"], k["head_dim"], k["head_dim_v"], k["batch"])
+            for k in kimi} == {(12, 1, 576, 512, b) for b in (1, 8)} and len(kimi) == 4
+    ds, _ = _keys("deepseek-v3-tp8", h200, "decode_attention")
+    assert {(k["num_q_heads"], k["batch"]) for k in ds} == {(16, 8), (16, 32)} and len(ds) == 4
+    ouro_kv, _ = _keys("ouro-1.4b", h200, "kv_write")
+    assert sorted(k["tokens"] for k in ouro_kv) == [1, 8, 64, 16384]
+    assert {(k["num_kv_heads"], k["head_dim"]) for k in ouro_kv} == {(16, 128)}
+    ouro_dec, _ = _keys("ouro-1.4b", h200, "decode_attention")
+    assert {(k["num_q_heads"], k["num_kv_heads"], k["batch"]) for k in ouro_dec} == {
+        (16, 16, 1), (16, 16, 8)}
+    hug_kv, _ = _keys("huginn", h200, "kv_write")
+    assert {(k["num_kv_heads"], k["head_dim"]) for k in hug_kv} == {(55, 96)}
+
+
+def test_smoke_is_small():
+    targets, notes = sweep.plan(Device.interpreter(), ["smoke"])
+    ops = [t.op for t in targets]
+    assert ops.count("kv_write") == 2 and 1 <= ops.count("decode_attention") <= 2
+    assert all(t.max_candidates and t.max_candidates <= 4 for t in targets)
+    assert all(t.key.get("context", 0) <= 64 and t.key.get("tokens", 0) <= 8 for t in targets)
