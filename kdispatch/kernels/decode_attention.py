@@ -94,13 +94,20 @@ def _decode_stage1(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     k_head = kvh * stride_kh
     v_head = kvh * stride_vh
+    bt_row = BT + b * stride_btb
+    # page ids are prefetched one tile ahead, so the K/V gather of a tile does not wait
+    # on its own block-table load
+    offs_n = start + tl.arange(0, BLOCK_N)
+    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        page = tl.load(BT + b * stride_btb + (offs_n // PAGE) * stride_btp, mask=n_mask,
-                       other=0).to(tl.int64)
+        offs_next = offs_n + BLOCK_N
+        page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
+                            other=0)
+        page64 = page.to(tl.int64)
         in_page = offs_n % PAGE
-        k_rows = page * stride_kb + in_page * stride_kp + k_head
+        k_rows = page64 * stride_kb + in_page * stride_kp + k_head
         k = tl.load(K + k_rows[:, None] + offs_d[None, :],
                     mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         if UPCAST:
@@ -126,13 +133,14 @@ def _decode_stage1(
         if SHARED_KV:
             v = k
         else:
-            v_rows = page * stride_vb + in_page * stride_vp + v_head
+            v_rows = page64 * stride_vb + in_page * stride_vp + v_head
             v = tl.load(V + v_rows[:, None] + offs_d[None, :],
                         mask=n_mask[:, None] & d_mask[None, :], other=0.0)
             if UPCAST:
                 v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
+        page = page_next
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     if DIRECT:

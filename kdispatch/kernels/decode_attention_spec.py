@@ -40,9 +40,13 @@ MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
     (4096, 2),        # short contexts: latency dominates, split finely to fill the device
     (1 << 30, 4),     # long contexts: at least 4 tiles amortize the per-split cost
 )
-#: BLOCK_N by padded q/k head dim: larger tiles for narrow heads (more bytes in flight);
-#: MLA's 576-wide tile is 72 KB at 64 tokens, two stages fit the 227 KB of shared memory.
-BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 64), (256, 64), (1 << 20, 64))
+#: BLOCK_N by padded q/k head dim. H200 v1 (docs/decode_notes.md): GQA D=128 at 128 tokens
+#: is 18-22% faster than 64 (b1 x 131k: 147 vs 178 us; b4 x 262k: 1026 vs 1250 us); the
+#: 576-wide MLA tile is fastest at 32 tokens (kimi b8 x 327,600: 951 vs 1366 us at 64).
+BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 128), (256, 64), (1 << 20, 32))
+#: BLOCK_N for wide MLA head blocks (block_h >= 64): 128 heads at 64 tokens beat 32
+#: (H200 v1: 848 vs 1174 us at batch 32 x 16k).
+BLOCK_N_WIDE_HEADS = 64
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
 
@@ -220,6 +224,8 @@ class DecodeSpec(OpSpec):
     def heuristic(self, key: DecodeKey) -> DecodeConfig:  # type: ignore[override]
         block_h = _default_block_h(key)
         block_n = _ladder(BLOCK_N_BY_DIM, _p2(key.head_dim))
+        if block_h >= 64:
+            block_n = BLOCK_N_WIDE_HEADS
         warps = 8 if block_h >= 64 else 4
         cfg = DecodeConfig(num_kv_splits=_split_count(key, block_h, block_n), block_n=block_n,
                            block_h=block_h, num_warps=warps, num_stages=2)
@@ -248,33 +254,39 @@ class DecodeSpec(OpSpec):
         base1 = key.batch * key.num_kv_heads * _cdiv(key.group, h.block_h)
         splits = {1, h.num_kv_splits, max(1, h.num_kv_splits // 2), h.num_kv_splits * 2}
         splits |= {_cdiv(w * key.cu_count, base1) for w in (1, 2, 4)}
+        splits = {min(s, max(1, key.context // 16)) for s in splits}
         splits = sorted(s for s in splits if s <= min(MAX_SPLITS, _max_splits_for_budget(key)))
         if key.latent or key.head_dim > 256:
-            tiles = [(32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2), (64, 8, 2), (16, 4, 3)]
+            tiles = [(32, 4, 2), (64, 8, 2), (32, 4, 3), (64, 4, 2), (32, 8, 2), (16, 4, 3)]
         else:
-            tiles = [(64, 4, 2), (64, 4, 3), (32, 4, 2), (128, 4, 2), (128, 8, 2), (64, 8, 3)]
+            tiles = [(128, 4, 2), (128, 8, 2), (64, 4, 3), (64, 4, 2), (128, 4, 3), (32, 4, 2)]
+        h_tile = (h.block_n, h.num_warps, h.num_stages)
+        tiles = [h_tile] + [t for t in tiles if t != h_tile]
         heads = sorted({h.block_h} | {b for b in (16, 32, 64) if b <= _p2(key.group)})
-        out: list[DecodeConfig] = []
+        # order: the heuristic, split-count variants at its tile, tile variants at its split
+        # count, then the rest; a truncated sweep (--max-cands) keeps the most telling ones
+        split_rank = {s: abs(i - splits.index(h.num_kv_splits)) if h.num_kv_splits in splits
+                      else i for i, s in enumerate(splits)}
+        out: list[tuple[tuple, DecodeConfig]] = []
         seen = set()
         for bh in heads:
             for s in splits:
-                for bn, w, st in tiles:
+                for ti, (bn, w, st) in enumerate(tiles):
                     for warps in ((w, 8) if bh >= 64 else (w,)):
                         cfg = DecodeConfig(num_kv_splits=s, block_n=bn, block_h=bh,
                                            num_warps=warps, num_stages=st)
                         if cfg in seen or not self.is_valid(key, cfg):
                             continue
                         seen.add(cfg)
-                        out.append(cfg)
-        # keep the heuristic, the baseline and the configs closest to the heuristic
-        def distance(c: DecodeConfig) -> tuple:
-            return (c != h, abs(c.num_kv_splits - h.num_kv_splits) / max(1, h.num_kv_splits),
-                    c.block_h != h.block_h, c.block_n != h.block_n, c.num_warps, c.num_stages)
-        out.sort(key=distance)
-        chosen = out[:MAX_CANDIDATES]
-        for must in (h, self.baseline(key)):
-            if must not in chosen and self.is_valid(key, must):
-                chosen[-1:] = [must]
+                        sr = split_rank[s] if s != 1 else 99
+                        rank = (cfg != h, min(sr, ti) > 0, bh != h.block_h, sr + ti, ti)
+                        out.append((rank, cfg))
+        out.sort(key=lambda rc: rc[0])
+        chosen = [c for _, c in out[:MAX_CANDIDATES]]
+        base = self.baseline(key)
+        if base not in chosen and self.is_valid(key, base):
+            chosen.insert(min(len(chosen), 6), base)
+            chosen = chosen[:MAX_CANDIDATES]
         return chosen
 
     # -- launching ------------------------------------------------------------------------
