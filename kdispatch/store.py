@@ -118,6 +118,8 @@ class Measurement(Base):
     status: Mapped[str] = mapped_column(String(16))  # ok | rejected | infeasible
     verified: Mapped[bool] = mapped_column(Boolean, default=False)
     is_heuristic: Mapped[bool] = mapped_column(Boolean, default=False)
+    # timed for comparison only (e.g. kv_write's indexed writes): never a best config
+    is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
     median_us: Mapped[float | None] = mapped_column(Float, nullable=True)
     p20_us: Mapped[float | None] = mapped_column(Float, nullable=True)
     p80_us: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -172,6 +174,7 @@ class MeasurementIn:
     status: str
     verified: bool
     is_heuristic: bool = False
+    is_baseline: bool = False
     median_us: float | None = None
     p20_us: float | None = None
     p80_us: float | None = None
@@ -295,6 +298,7 @@ class Store:
             source_hash=m.source_hash, kdispatch_version=self.toolchain["kdispatch"],
             torch_version=self.toolchain["torch"], triton_version=self.toolchain["triton"],
             status=m.status, verified=m.verified, is_heuristic=m.is_heuristic,
+            is_baseline=m.is_baseline,
             median_us=m.median_us, p20_us=m.p20_us, p80_us=m.p80_us, max_error=m.max_error,
             error=(m.error or None) and m.error[:4000])
         for col in KEY_INT_COLUMNS[1:]:
@@ -333,10 +337,10 @@ class Store:
     def best(self, device_key: str | None = None, op: str | None = None) -> list[BestRow]:
         """The fastest verified measurement per (op, device, key, source hash).
 
-        Ties on time go to the lowest id, so every reader gets the same answer.
+        Comparison-only baseline rows are never a best config. Ties on time go to the lowest id, so every reader gets the same answer.
         """
         ok = (Measurement.status == "ok") & Measurement.verified.is_(True) & \
-            Measurement.median_us.is_not(None)
+            Measurement.median_us.is_not(None) & Measurement.is_baseline.is_(False)
         q = select(Measurement).where(ok)
         if device_key:
             q = q.where(Measurement.device_key == device_key)

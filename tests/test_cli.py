@@ -155,7 +155,9 @@ def test_merge_keeps_fastest_and_reports_conflicts(runner, fake, tmp_path):
     e0 = a.entries[0]
     other = {**e0.config, "block": 2 if e0.config["block"] != 2 else 4}
     faster = e0.model_copy(update={"config": other, "median_us": e0.median_us / 2})
-    slower = a.entries[1].model_copy(update={"config": {**a.entries[1].config, "block": 32},
+    b1 = a.entries[1].config["block"]
+    slower = a.entries[1].model_copy(update={"config": {**a.entries[1].config,
+                                                        "block": 32 if b1 != 32 else 2},
                                              "median_us": a.entries[1].median_us * 2})
     b = a.model_copy(update={"entries": [faster, slower, a.entries[2]]})
     path_b = tmp_path / "b.json"

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kdispatch.device import Device
 from kdispatch.registry import OpConfig, OpSpec, get_op
@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 #: extra input sets for L2 rotation are capped at this many bytes in total
 ROTATION_BYTES = 2 << 30
 MAX_INPUT_SETS = 8
+
+
+Role = Literal["heuristic", "baseline", "candidate"]
 
 
 class TuningError(RuntimeError):
@@ -249,28 +252,34 @@ def shard(targets: Sequence[TuneTarget], n: int) -> list[list[TuneTarget]]:
 
 
 def candidate_list(spec: OpSpec, key: Any, cap: int | None = None,
-                   ) -> list[tuple[OpConfig, bool]]:
-    """Valid candidates of ``key`` as (config, is_heuristic); heuristic first, baseline next.
+                   ) -> list[tuple[OpConfig, Role]]:
+    """Valid candidates of ``key`` as (config, role); heuristic first, baseline next.
 
-    With ``cap``, the heuristic and baseline are kept and the rest is sampled evenly.
+    The role is ``"heuristic"``, ``"candidate"``, or ``"baseline"`` for the op's baseline
+    when it is not itself in the pruned candidate space: such a config is timed for
+    comparison only and is never stored as a best config (kv_write's indexed writes cannot
+    skip negative slots, so a table must never select them). With ``cap``, the heuristic
+    and baseline are kept and the rest is sampled evenly.
     """
     heur = spec.heuristic(key)
-    out: dict[str, tuple[OpConfig, bool]] = {}
-    out[digest(heur.model_dump(mode="json"))] = (heur, True)
-    base = spec.baseline(key)
-    head = 1
-    if base is not None and spec.is_valid(key, base):
-        d = digest(base.model_dump(mode="json"))
-        if d not in out:
-            out[d] = (base, False)
-            head = 2
-    rest: list[tuple[OpConfig, bool]] = []
+    out: dict[str, tuple[OpConfig, Role]] = {}
+    out[digest(heur.model_dump(mode="json"))] = (heur, "heuristic")
+    rest: list[tuple[OpConfig, Role]] = []
+    space: set[str] = set()
     for cfg in spec.candidates(key):
         d = digest(cfg.model_dump(mode="json"))
         if d not in out and spec.is_valid(key, cfg):
-            out[d] = (cfg, False)
-            rest.append((cfg, False))
-    chosen = list(out.values())[:head]
+            out[d] = (cfg, "candidate")
+            rest.append((cfg, "candidate"))
+        space.add(d)
+    chosen = [out[digest(heur.model_dump(mode="json"))]]
+    base = spec.baseline(key)
+    if base is not None and spec.is_valid(key, base):
+        d = digest(base.model_dump(mode="json"))
+        if d not in out or out[d][1] == "candidate":
+            role: Role = "candidate" if d in space else "baseline"
+            rest = [r for r in rest if digest(r[0].model_dump(mode="json")) != d]
+            chosen.append((base, role))
     if cap is not None and len(chosen) + len(rest) > cap:
         room = max(cap - len(chosen), 0)
         step = len(rest) / room if room else 0
@@ -377,7 +386,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         check_kernel_mode(spec, device.is_interpreter)
     hashes = {op: spec.source_hash() for op, spec in specs.items()}
 
-    work = []  # (target, spec, key, [(cfg, is_heur)], todo count)
+    work = []  # (target, spec, key, [(cfg, role)], todo count)
     total = 0
     for t in targets:
         spec = specs[t.op]
@@ -407,7 +416,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
             report()
             complete = True
             ref = None
-            for cfg, is_heur in todo:
+            for cfg, role in todo:
                 if deadline is not None and time.monotonic() >= deadline:
                     result.stopped = "budget"
                     complete = False
@@ -422,7 +431,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     ref_inputs = spec.make_inputs(key, torch_device, seed)
                     ref = spec.reference(ref_inputs)
                     del ref_inputs
-                m = _measure(spec, key, cfg, is_heur, ref, torch_device, seed, reps,
+                m = _measure(spec, key, cfg, role, ref, torch_device, seed, reps,
                              hashes[t.op], t.key)
                 if store.record(m, result.run_id):
                     result.measured += 1
@@ -448,7 +457,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     return result
 
 
-def _measure(spec: OpSpec, key: Any, cfg: OpConfig, is_heur: bool, ref: Any, tdev: Any,
+def _measure(spec: OpSpec, key: Any, cfg: OpConfig, role: Role, ref: Any, tdev: Any,
              seed: int, reps: int | None, source_hash: str,
              key_data: dict[str, Any]) -> MeasurementIn:
     """Verify then time one candidate on fresh inputs; never raises for infeasible configs."""
@@ -468,7 +477,7 @@ def _measure(spec: OpSpec, key: Any, cfg: OpConfig, is_heur: bool, ref: Any, tde
     return MeasurementIn(
         op=spec.name, key=key_data, config=cfg.model_dump(mode="json"),
         source_hash=source_hash, status=verdict.status, verified=verdict.ok,
-        is_heuristic=is_heur,
+        is_heuristic=role == "heuristic", is_baseline=role == "baseline",
         median_us=timing.median_us if timing else None,
         p20_us=timing.p20_us if timing else None,
         p80_us=timing.p80_us if timing else None,

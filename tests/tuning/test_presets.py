@@ -33,7 +33,7 @@ def test_every_preset_plans_on_the_h200(name):
         spec = get_op(t.op)
         key = spec.parse_key(t.key)
         assert key.device == "nvidia-h200"
-        assert sweep.candidate_list(spec, key)[0][1] is True  # heuristic first
+        assert sweep.candidate_list(spec, key)[0][1] == "heuristic"  # heuristic first
 
 
 def test_preset_shapes_match_benchmarking_md():

@@ -72,10 +72,34 @@ def test_candidate_list_puts_heuristic_and_baseline_first_and_caps(fake_op):
     key = fake_op.key(Device.interpreter(), {"n": 64})
     full = sweep.candidate_list(fake_op, key)
     assert [c.block for c, _ in full][:2] == [16, 1]
-    assert [h for _, h in full] == [True] + [False] * (N_CANDS - 1)
+    assert [r for _, r in full] == ["heuristic"] + ["candidate"] * (N_CANDS - 1)
     assert len({c.block for c, _ in full}) == N_CANDS  # heuristic not duplicated
     capped = sweep.candidate_list(fake_op, key, cap=4)
     assert len(capped) == 4 and [c.block for c, _ in capped][:2] == [16, 1]
+
+
+def test_baseline_outside_the_space_is_timed_but_never_best(store, monkeypatch):
+    """A baseline the op keeps out of its candidates (kv_write's indexed writes) is
+    measured for comparison and recorded as such, but can never become a best config."""
+    spec = fakeops.SPEC
+    outside = fakeops.FakeConfig(block=max(fakeops.BLOCKS) * 2)
+    monkeypatch.setattr(type(spec), "baseline", lambda self, key: outside)
+    monkeypatch.setattr(type(spec), "is_valid", lambda self, key, c: True)
+    key = spec.key(Device.interpreter(), {"n": 64})
+    roles = {c.block: r for c, r in sweep.candidate_list(spec, key)}
+    assert roles[outside.block] == "baseline" and roles[16] == "heuristic"
+    _tune(store)
+    rows = store.measurements(op="tune_fake")
+    base = [m for m in rows if json.loads(m.config_json)["block"] == outside.block]
+    assert base and all(m.is_baseline and m.status == "ok" and m.verified for m in base)
+    # even when the baseline is by far the fastest, it is never the best config
+    from sqlalchemy import update
+    from kdispatch.store import Measurement
+    with store.engine.begin() as conn:
+        conn.execute(update(Measurement).where(Measurement.is_baseline.is_(True))
+                     .values(median_us=1e-6))
+    best = store.best(op="tune_fake")
+    assert len(best) == N_KEYS and all(b.config["block"] != outside.block for b in best)
 
 
 def test_wrong_candidate_is_rejected_and_never_best_infeasible_is_recorded(store):
