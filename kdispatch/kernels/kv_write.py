@@ -270,17 +270,18 @@ MAX_ELEMS_PER_THREAD = 128
 BLOCK_H_MAX = 64
 BLOCK_T_MAX = 64
 
-# Heads per program by padded head dim: a tile of ~2K elements per operand (4 KB of bf16)
-# gives each of 128 threads two 16-byte vectors per operand. Design estimate, to be
-# replaced by tuned rows (tools/bench_kv_write.py --sweep prints the measured best).
-_BLOCK_H_BY_DIM: tuple[tuple[int, int], ...] = ((32, 64), (64, 32), (128, 16), (256, 8),
-                                                (512, 4), (1024, 2))
-# Warps by tile elements per operand: 8-16 elements per thread (one or two 16 B vectors
-# of bf16). Design estimate, same caveat as above.
-_WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((256, 1), (512, 2), (2048, 4), (MAX_TILE, 8))
-# Rows per program by token bucket: one row per program keeps decode batches spread over
-# the SMs; bulk writes pack 2 rows to halve per-program slot/setup work. Design estimate.
-_BLOCK_T_BY_TOKENS: tuple[tuple[int, int], ...] = ((2048, 1), (MAX_TOKENS_BUCKET, 2))
+# Tile elements per operand (heads x padded head dim) a fused program copies, by token
+# bucket. H200, 16x128 bf16, 96 graph-replayed writes (bench/results/nvidia-h200/
+# kv_write.json sweep): T=1 best at 512 (4 heads: 1.110 us/write vs 1.230 at 2048);
+# T=64 best at 2048 (16 heads: 2.156 vs 2.210 at 512); T=16384 within 1% for 1024-2048.
+_TILE_BY_TOKENS: tuple[tuple[int, int], ...] = ((1, 512), (MAX_TOKENS_BUCKET, 2048))
+# Warps by tile elements per operand. Same sweep: 512-element tile best at 4 warps (1.110 vs
+# 1.143 us at 2, 1.151 at 1); 2048 best at 4 for T=64 (2.156 vs 2.231 at 2), and 8 vs 4
+# within 0.5% for the 16384-token write. Small tiles: no more warps than 16 B vectors.
+_WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (2048, 4), (MAX_TILE, 8))
+# Rows per program: 1. Same sweep: 2 or 4 rows never beat 1 (T=64: 2.160 vs 2.156 us;
+# T=16384: 70.24 vs 69.46 us at 8 heads, 8 warps).
+_BLOCK_T = 1
 
 
 def _ladder(table: tuple[tuple[int, int], ...], x: int) -> int:
@@ -419,8 +420,9 @@ class KVWriteSpec(OpSpec):
 
     def heuristic(self, key: KVWriteKey) -> KVWriteConfig:  # type: ignore[override]
         block_d = triton.next_power_of_2(key.head_dim)
-        block_h = min(_ladder(_BLOCK_H_BY_DIM, block_d), triton.next_power_of_2(key.num_kv_heads))
-        block_t = min(_ladder(_BLOCK_T_BY_TOKENS, key.tokens), key.tokens)
+        per_row = max(1, min(BLOCK_H_MAX, _ladder(_TILE_BY_TOKENS, key.tokens) // block_d))
+        block_h = min(per_row, triton.next_power_of_2(key.num_kv_heads))
+        block_t = _BLOCK_T
         tile = block_t * block_h * block_d
         return KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
                              num_warps=_ladder(_WARPS_BY_TILE, tile))

@@ -230,8 +230,11 @@ def test_heuristic_is_fused_and_always_valid():
 
 
 def test_heuristic_for_ouro_decode():
-    cfg = SPEC.heuristic(mkkey(tokens=1))
-    assert cfg == KVWriteConfig(variant="fused", block_h=16, block_t=1, num_warps=4)
+    # the H200 sweep's best configs (bench/results/nvidia-h200/kv_write.json)
+    assert SPEC.heuristic(mkkey(tokens=1)) == KVWriteConfig(variant="fused", block_h=4,
+                                                             block_t=1, num_warps=4)
+    assert SPEC.heuristic(mkkey(tokens=64)) == KVWriteConfig(variant="fused", block_h=16,
+                                                              block_t=1, num_warps=4)
 
 
 def test_heuristic_does_not_depend_on_masking():
@@ -242,9 +245,14 @@ def test_heuristic_does_not_depend_on_masking():
 def test_heuristic_ladders_move():
     assert SPEC.heuristic(mkkey(head_dim=576, num_kv_heads=1)).block_h == 1
     assert SPEC.heuristic(mkkey(head_dim=1024, num_kv_heads=8)).block_h == 2
+    assert SPEC.heuristic(mkkey(head_dim=1024, num_kv_heads=8, tokens=1)).block_h == 1
     assert SPEC.heuristic(mkkey(head_dim=64, num_kv_heads=64)).block_h == 32
-    assert SPEC.heuristic(mkkey(tokens=65536)).block_t == 2
+    assert SPEC.heuristic(mkkey(head_dim=64, num_kv_heads=64, tokens=1)).block_h == 8
+    assert SPEC.heuristic(mkkey(head_dim=8, num_kv_heads=1024)).block_h == 64  # capped
+    assert SPEC.heuristic(mkkey(tokens=65536)).block_t == 1
     assert SPEC.heuristic(mkkey(head_dim=16, num_kv_heads=2)).num_warps == 1
+    assert SPEC.heuristic(mkkey(head_dim=16, num_kv_heads=16)).num_warps == 2
+    assert SPEC.heuristic(mkkey(head_dim=256, num_kv_heads=64)).num_warps == 4
 
 
 # -- candidates ---------------------------------------------------------------------------
