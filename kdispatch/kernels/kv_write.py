@@ -3,7 +3,8 @@
 Layout: ``key``/``value`` are ``[T, H, D]`` with any strides and a contiguous last dim
 (typically views into one qkv projection); the caches are ``[num_blocks, page_size, H, D]``
 (the vLLM flash layout; K and V caches may have different strides). Row ``t`` goes to slot
-``slot_mapping[t] = block * page_size + offset``. A negative slot skips the row, so do rows
+``slot_mapping[t] = block * page_size + offset``. A negative slot (or one past the end of the
+cache) skips the row, so do rows
 with ``row_mask[t] == False`` and rows ``t >= active_rows[0]``. Every one of those values is
 read on the device, so a captured CUDA graph honours new values on each replay; the grid and
 every constexpr come from shapes and the config only.
@@ -50,7 +51,7 @@ MAX_TOKENS_BUCKET = 65536
 @triton.jit
 def _kv_write_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, mask_ptr, active_ptr,
-    num_tokens,
+    num_tokens, num_slots,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kcp, stride_kch,
     stride_vcb, stride_vcp, stride_vch,
@@ -84,7 +85,8 @@ def _kv_write_kernel(
     v = tl.load(v_ptr + (t * stride_vt + h * stride_vh)[:, None] + d[None, :], mask=ld_mask)
 
     slot = tl.load(slot_ptr + t * stride_slot, mask=in_range, other=-1).to(tl.int64)
-    write = in_range & (slot >= 0)
+    # slots outside [0, num_slots) skip the row: a bad slot never writes outside the cache
+    write = in_range & (slot >= 0) & (slot < num_slots)
     if HAS_MASK:
         keep = tl.load(mask_ptr + t * stride_mask, mask=in_range, other=0)
         write = write & (keep != 0)
@@ -209,7 +211,7 @@ def launch_kv_write(config: KVWriteConfig, key: torch.Tensor, value: torch.Tenso
     grid = (triton.cdiv(num_tokens, config.block_t), triton.cdiv(num_heads, config.block_h))
     _kv_write_kernel[grid](
         key, value, key_cache, value_cache, slot_mapping, mask_arg, active_arg,
-        num_tokens,
+        num_tokens, key_cache.shape[0] * key_cache.shape[1],
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -244,7 +246,7 @@ def reference_kv_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.
     num_tokens = key.shape[0]
     page_size = key_cache.shape[1]
     slots = slot_mapping.to(torch.int64)
-    write = slots >= 0
+    write = (slots >= 0) & (slots < key_cache.shape[0] * page_size)
     if row_mask is not None:
         write &= row_mask.to(torch.bool)
     if active_rows is not None:
