@@ -30,11 +30,12 @@ def dev() -> torch.device:
 
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path, monkeypatch):
-    """Every test gets its own database path and a fresh dispatcher and warning state."""
+    """Every test gets its own default database path (under a temporary XDG cache, never
+    the user's), and a fresh dispatcher and warning state."""
     from kdispatch import dispatcher, errors
 
-    monkeypatch.setenv("KDISPATCH_DB", str(tmp_path / "kdispatch.sqlite"))
-    for var in ("KDISPATCH_STRICT", "KDISPATCH_OVERRIDE", "KDISPATCH_RECORD_MISSES",
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    for var in ("KDISPATCH_DB", "KDISPATCH_STRICT", "KDISPATCH_OVERRIDE", "KDISPATCH_RECORD_MISSES",
                 "KDISPATCH_CU_NUM", "KDISPATCH_TABLE_DIR"):
         monkeypatch.delenv(var, raising=False)
     errors.reset_warnings()

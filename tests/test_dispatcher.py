@@ -19,7 +19,9 @@ H200 = dict(device="nvidia-h200", n=1000, dtype="float16")
 
 
 @pytest.fixture(autouse=True)
-def _fake(tmp_path):
+def _fake(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDISPATCH_DB", str(tmp_path / "kdispatch.sqlite"))
+    dispatcher.reset()
     registry.register(fake_op.SPEC, replace=True)
     Store(str(tmp_path / "kdispatch.sqlite")).dispose()  # an empty user database
     yield
