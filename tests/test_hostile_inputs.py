@@ -160,7 +160,8 @@ def decode_cases(draw):
              cap=draw(st.sampled_from([0.0, 0.0, 20.0])), fault=draw(st.sampled_from(DEC_FAULTS)),
              seed=draw(st.integers(0, 2**16)))
     capacity = c["pages"] * c["page"]
-    c["lens"] = draw(st.lists(st.integers(1, capacity), min_size=c["B"], max_size=c["B"]))
+    # lengths past the page table's capacity (and 0, negative) are clamped by contract
+    c["lens"] = draw(st.lists(st.integers(-2, capacity + 40), min_size=c["B"], max_size=c["B"]))
     return c
 
 
@@ -168,8 +169,12 @@ def decode_reference(q, k_cache, v_cache, block_table, lens, scale, window, cap)
     B, Hq, _ = q.shape
     Hk, page = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty(B, Hq, v_cache.shape[-1])
+    capacity = block_table.shape[1] * page
     for b in range(B):
-        n = lens[b]
+        n = min(max(lens[b], 0), capacity)
+        if n == 0:
+            out[b] = 0.0
+            continue
         lo = max(n - window, 0) if window else 0
         pos = torch.arange(lo, n)
         pages = block_table[b, pos // page].long()

@@ -44,7 +44,7 @@ _REDUCE_SPLIT_CHUNK = 16
 @triton.jit
 def _decode_stage1(
     Q, K, V, BT, SL, O, PO, PL,
-    qk_scale, cap, window,
+    qk_scale, cap, window, max_len,
     stride_qb, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_vb, stride_vp, stride_vh,
@@ -68,7 +68,8 @@ def _decode_stage1(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < DV
 
-    seq_len = tl.load(SL + b * stride_sl)
+    # clamped to [0, the page table's capacity]: a bad length never reads past the table
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
     lo = seq_len * 0
     if SLIDING:
         lo = tl.maximum(seq_len - window, 0)
@@ -158,7 +159,7 @@ def _decode_stage1(
 
 @triton.jit
 def _decode_reduce(
-    SL, PO, PL, O, window,
+    SL, PO, PL, O, window, max_len,
     stride_sl, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     stride_ob, stride_oh,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -168,7 +169,7 @@ def _decode_reduce(
     h = tl.program_id(0)
     d_blk = tl.program_id(1)
     b = tl.program_id(2)
-    seq_len = tl.load(SL + b * stride_sl)
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
     lo = seq_len * 0
     if SLIDING:
         lo = tl.maximum(seq_len - window, 0)
@@ -280,7 +281,8 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
         ``Dv <= Dk``. The view ``k_cache[..., :Dv]`` (absorbed MLA) is detected and read
         once through the K tile; any other tensor is read separately.
     block_table : int32 Tensor ``[B, max_pages]``
-    seq_lens : int32 Tensor ``[B]``; each ``<= max_pages * page_size`` (read on device)
+    seq_lens : int32 Tensor ``[B]`` (read on device); a length is clamped to
+        ``[0, max_pages * page_size]``, and a request of length 0 gets a zero output
     scale : float
         Softmax scale applied to ``q . k``.
     out : Tensor ``[B, Hq, Dv]`` in q's dtype, optional
@@ -322,6 +324,7 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     block_dpe = max(16, _p2(dpe)) if dpe > 0 else 0
     sliding = sliding_window is not None
     window = int(sliding_window) if sliding else 0
+    max_len = block_table.shape[1] * page
     cap = float(logit_cap)
     qk_scale = float(scale) * (1.0 if cap > 0 else LOG2E)
     direct = splits == 1
@@ -337,7 +340,7 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     grid = (hk * head_blocks, splits, b)
     _decode_stage1[grid](
         q, k_cache, v_cache, block_table, seq_lens, out, po, pl,
-        qk_scale, cap if cap > 0 else 1.0, window,
+        qk_scale, cap if cap > 0 else 1.0, window, max_len,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -352,7 +355,7 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     if not direct:
         block_dv = min(block_d, 128)
         _decode_reduce[(hq, triton.cdiv(dv, block_dv), b)](
-            seq_lens, po, pl, out, window,
+            seq_lens, po, pl, out, window, max_len,
             seq_lens.stride(0), *spo, *spl, out.stride(0), out.stride(1),
             DV=dv, BLOCK_DV=block_dv, BLOCK_N=block_n, NUM_KV_SPLITS=splits,
             SPLITS_P2=max(16, _p2(splits)), SPLIT_CHUNK=_REDUCE_SPLIT_CHUNK, SLIDING=sliding,

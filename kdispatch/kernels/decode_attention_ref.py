@@ -35,7 +35,7 @@ def reference_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     out = torch.zeros((b, hq, dv), dtype=torch.float32, device=q.device)
     lens = seq_lens.tolist()
     for i in range(b):
-        n = int(lens[i])
+        n = min(int(lens[i]), block_table.shape[1] * page)  # the kernels' clamp
         if n <= 0:
             continue
         lo = max(0, n - sliding_window) if sliding_window is not None else 0
