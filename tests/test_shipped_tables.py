@@ -1,0 +1,96 @@
+"""Shipped tables: the wheel carries them, stale rows are not used, and GPUs without a table
+fall back to a heuristic that fills their CU count."""
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+import kdispatch
+from kdispatch import KDispatchWarning, dispatcher
+from kdispatch.tables import find_table_file, read_table
+
+ROOT = Path(__file__).resolve().parents[1]
+KIMI = dict(batch=8, context=327600, num_q_heads=12, num_kv_heads=1, head_dim=576,
+            head_dim_v=512, page_size=16, dtype="bfloat16")
+LLAMA = dict(batch=1, context=131072, num_q_heads=32, num_kv_heads=8, head_dim=128,
+             head_dim_v=128, page_size=16, dtype="bfloat16")
+
+
+@pytest.mark.parametrize("device,cus", [("amd-mi355x", 256), ("nvidia-h100", 132),
+                                        ("amd-mi300x", 304), ("nvidia-rtx-5090", 170)])
+@pytest.mark.parametrize("shape", [KIMI, LLAMA], ids=["kimi-mla", "llama-gqa"])
+def test_untabled_gpus_use_a_heuristic_that_fills_them(device, cus, shape):
+    e = kdispatch.explain("decode_attention", device=device, **shape)
+    assert e.provenance == "heuristic" and e.key.cu_count == cus
+    head_groups = shape["num_kv_heads"] * -(-shape["num_q_heads"] // shape["num_kv_heads"]
+                                             // e.config.block_h)
+    programs = shape["batch"] * head_groups * e.config.num_kv_splits
+    assert programs >= cus, (device, e.config)  # at least one full wave
+
+
+def test_heuristic_split_count_follows_the_cu_count(monkeypatch):
+    small = kdispatch.resolve("decode_attention", device="nvidia-h100", **KIMI).num_kv_splits
+    monkeypatch.setenv("KDISPATCH_CU_NUM", "264")
+    dispatcher.reset()
+    assert kdispatch.resolve("decode_attention", device="nvidia-h100",
+                             **KIMI).num_kv_splits > small
+
+
+H200_TABLE = find_table_file("nvidia-h200")
+
+
+@pytest.mark.skipif(H200_TABLE is None, reason="db/nvidia-h200.json is made on the GPU")
+def test_h200_table_records_device_and_toolchain():
+    t = read_table(H200_TABLE)
+    assert (t.device.key, t.device.arch, t.device.cu_count) == ("nvidia-h200", "sm_90", 132)
+    assert t.toolchain.torch and t.toolchain.triton.startswith("3.6")
+    ops = {e.op for e in t.entries}
+    assert {"decode_attention", "kv_write"} <= ops
+    for op in ops:
+        assert t.source_hashes[op] == kdispatch.get_op(op).source_hash(), \
+            f"{op} kernels changed since the table was tuned: retune and export it"
+
+
+@pytest.mark.skipif(H200_TABLE is None, reason="db/nvidia-h200.json is made on the GPU")
+def test_stale_table_rows_fall_back_with_one_warning(tmp_path, monkeypatch):
+    data = json.loads(H200_TABLE.read_text())
+    for entry in data["entries"]:
+        entry["source_hash"] = "0" * 16
+    (tmp_path / "nvidia-h200.json").write_text(json.dumps(data))
+    monkeypatch.setenv("KDISPATCH_TABLE_DIR", str(tmp_path))
+    dispatcher.reset()
+    with pytest.warns(KDispatchWarning, match="other kernel sources"):
+        e = kdispatch.explain("decode_attention", device="nvidia-h200", **KIMI)
+    assert e.provenance == "heuristic"
+
+
+@pytest.mark.skipif(H200_TABLE is None, reason="db/nvidia-h200.json is made on the GPU")
+def test_wheel_ships_the_table_and_resolves_from_it(tmp_path):
+    dist = tmp_path / "dist"
+    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist),
+                            str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    wheel = next(dist.glob("kdispatch-*.whl"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    py = env_dir / "bin" / "python"
+    inst = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    assert inst.returncode == 0, inst.stderr[-3000:]
+    code = ("import json, kdispatch\n"
+            f"e = kdispatch.explain('decode_attention', device='nvidia-h200', **{KIMI!r})\n"
+            "print(json.dumps({'file': kdispatch.__file__, 'provenance': e.provenance,"
+            " 'splits': e.config.num_kv_splits}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDISPATCH_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    res = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert str(env_dir) in out["file"]  # the wheel, not the source tree
+    assert out["provenance"] == "table" and out["splits"] >= 1
