@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,7 +86,19 @@ def main() -> None:
 # -- tune ------------------------------------------------------------------------------------
 @main.command()
 @click.option("--device", default="auto", show_default=True,
-              help="cuda:N, auto (the current GPU) or cpu (the Triton interpreter).")
+              help="cuda:N, auto (the current GPU) or cpu (the Triton interpreter); all (every "
+                   "GPU of this host) or a list (cuda:0,cuda:1 or cpu,cpu) runs one worker "
+                   "process per device. With --ray: auto (the cluster's GPUs) or cpu.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None,
+              metavar="[ADDRESS]",
+              help="Run the shards as Ray tasks, one GPU each, on the cluster at ADDRESS "
+                   "(auto, ray://head:10001) or on a local one when ADDRESS is left out. "
+                   "Needs pip install \"kdispatch[ray]\" and kdispatch on every node; a "
+                   "cluster needs a shared database: --db postgresql+psycopg://...")
+@click.option("--shards", type=int, default=None,
+              help="With --ray: number of tasks [default: the cluster's GPUs, 2 for cpu].")
+@click.option("--max-retries", type=int, default=3, show_default=True,
+              help="With --ray: retries of a task whose worker died (a retry resumes).")
 @click.option("--preset", "presets", default=None,
               help="Comma-separated model presets (see --list-presets).")
 @click.option("--op", "ops", default=None, help="Comma-separated ops to tune (default: all).")
@@ -98,20 +111,27 @@ def main() -> None:
               help="Cap candidates per key (heuristic and baseline always kept).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
 @click.option("--list-presets", is_flag=True, help="List the presets and exit.")
-def tune(device: str, presets: str | None, ops: str | None, db: str | None,
-         budget_minutes: float | None, from_misses: bool, max_candidates: int | None,
-         seed: int, list_presets: bool) -> None:
+def tune(device: str, ray_address: str | None, shards: int | None, max_retries: int,
+         presets: str | None, ops: str | None, db: str | None, budget_minutes: float | None,
+         from_misses: bool, max_candidates: int | None, seed: int, list_presets: bool) -> None:
     """Measure every candidate config of the chosen keys into the database.
 
     Each candidate is checked against the fp32 reference first (wrong ones are recorded as
     rejected, compile/resource failures as infeasible), then timed. Every measurement is
-    committed at once; a rerun resumes where a killed run stopped.
+    committed at once; a rerun resumes where a killed run stopped. Several devices (or Ray
+    tasks) split the keys between them and write to one database; identical devices fill
+    one table.
 
     \b
     Examples:
       kdispatch tune --device cpu --preset smoke
       kdispatch tune --device cuda:0 --preset llama3-8b,kimi-k3-tp8 --budget-minutes 9
       kdispatch tune --device auto --from-misses
+      kdispatch tune --device all --preset llama3-8b
+      kdispatch tune --device cuda:0,cuda:1 --preset llama3-8b
+      kdispatch tune --device cpu,cpu --preset smoke
+      kdispatch tune --ray --device cpu --preset smoke
+      kdispatch tune --ray auto --preset llama3-8b --db postgresql+psycopg://kd@dbhost/kd
     """
     from kdispatch.tuning import presets as presets_mod
 
@@ -125,41 +145,95 @@ def tune(device: str, presets: str | None, ops: str | None, db: str | None,
                                f"(presets: {', '.join(presets_mod.preset_names())})")
     if budget_minutes is not None and budget_minutes <= 0:
         raise click.BadParameter("must be > 0", param_hint="--budget-minutes")
+    if shards is not None and (ray_address is None or shards < 1):
+        raise click.BadParameter("needs --ray and a value >= 1", param_hint="--shards")
+    plan = {"presets": names, "ops": op_list or None, "from_misses": from_misses,
+            "max_candidates": max_candidates}
+    run = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": from_misses}
     with _domain_errors():
-        from kdispatch.tuning import sweep
+        from kdispatch.tuning import parallel, sweep
 
+        ui = _Reporter(_console())
+        if ray_address is not None:
+            from kdispatch.tuning import ray_runner
+
+            runs, results = ray_runner.tune_cluster(device, ray_address or None, shards,
+                                                    max_retries, _store(db), plan, run, ui)
+            return ui.finish(runs, results, budget_minutes)
+        if parallel.is_multi_device(device):
+            runs, results = parallel.tune_devices(device, _store(db), plan, run, ui)
+            return ui.finish(runs, results, budget_minutes)
         dev, tdev = sweep.resolve_device(device)
         store = _store(db)
-        targets, notes = sweep.plan(dev, names, op_list or None) if names else ([], [])
-        if from_misses:
-            more, miss_notes = sweep.plan_misses(store, dev, op_list or None)
-            have = {(t.op, json.dumps(t.key, sort_keys=True)) for t in targets}
-            targets += [t for t in more if (t.op, json.dumps(t.key, sort_keys=True)) not in have]
-            notes += miss_notes
-        if max_candidates is not None:
-            targets = [dataclasses.replace(t, max_candidates=max_candidates) for t in targets]
-        console = _console()
-        for note in notes:
-            console.print(f"[yellow]note:[/] {note}", highlight=False)
-        if not targets:
-            console.print("nothing to tune" + (" (no untuned misses recorded for "
-                                               f"{dev.key})" if from_misses else ""))
+        targets, notes = parallel.plan_targets(store, dev, **plan)
+        if not ui.announce(dev, targets, notes, store, from_misses):
             return
-        console.print(f"tuning {len(targets)} keys on {dev.key} ({dev.name}, "
-                      f"{dev.cu_count} CUs) into {store.url}", highlight=False)
+        with ui.bar() as (bar, task):
+            result = sweep.tune(targets, device=dev, torch_device=tdev, store=store,
+                                progress=_progress_cb(bar, task), **run)
+        ui.console.print(_summary_table(result.summaries))
+        ui.report(result.measured, result.skipped, f"run {result.run_id}",
+                  result.stopped == "budget", budget_minutes)
+
+
+class _Reporter:
+    """What the tuner shows while it plans and runs: notes, the plan, one progress bar."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def announce(self, dev: Any, targets: list[Any], notes: list[str], store: Any,
+                 from_misses: bool, where: str = "") -> bool:
+        for note in notes:
+            self.console.print(f"[yellow]note:[/] {note}", highlight=False)
+        if not targets:
+            self.console.print("nothing to tune" + (" (no untuned misses recorded for "
+                                                    f"{dev.key})" if from_misses else ""))
+            return False
+        self.console.print(f"tuning {len(targets)} keys on {dev.key} ({dev.name}, "
+                           f"{dev.cu_count} CUs{where}) into {store.url}", highlight=False)
+        return True
+
+    @contextmanager
+    def bar(self) -> Iterator[tuple[Progress, Any]]:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
-                      console=console, transient=False) as bar:
-            task = bar.add_task("tuning", total=None, eta="?")
-            result = sweep.tune(targets, device=dev, torch_device=tdev, store=store,
-                                budget_minutes=budget_minutes, seed=seed,
-                                mark_misses=from_misses, progress=_progress_cb(bar, task))
-        console.print(_summary_table(result.summaries))
-        console.print(f"measured {result.measured} candidates, {result.skipped} already in "
-                      f"the database (run {result.run_id})", highlight=False)
-        if result.stopped == "budget":
-            console.print(f"[yellow]stopped: the {budget_minutes:g}-minute budget is spent; "
-                          "rerun to resume[/]")
+                      console=self.console, transient=False) as bar:
+            yield bar, bar.add_task("tuning", total=None, eta="?")
+
+    @contextmanager
+    def progress(self) -> Iterator[Callable[[int, int | None, str], None]]:
+        """``on_update(done, total, description)`` for several workers together."""
+        t0 = time.monotonic()
+        with self.bar() as (bar, task):
+            def update(done: int, total: int | None, desc: str) -> None:
+                elapsed = time.monotonic() - t0
+                eta = f"{elapsed / done * (total - done):,.0f}s" if total and done else "?"
+                bar.update(task, total=total, completed=done, eta=eta, description=desc)
+            yield update
+
+    def report(self, measured: int, skipped: int, run: str, budget_hit: bool,
+               budget_minutes: float | None) -> None:
+        self.console.print(f"measured {measured} candidates, {skipped} already in the "
+                           f"database ({run})", highlight=False)
+        if budget_hit:
+            self.console.print(f"[yellow]stopped: the {budget_minutes:g}-minute budget is "
+                               "spent; rerun to resume[/]")
+
+    def finish(self, runs: list[Any], results: list[Any], budget_minutes: float | None) -> None:
+        """Print each device's summary table, the totals, then fail naming failed workers."""
+        from kdispatch.tuning import parallel
+
+        for run in runs:
+            if len(runs) > 1:
+                self.console.print(f"{run.group.device.key}: {', '.join(run.group.names)}",
+                                   highlight=False)
+            self.console.print(_summary_table(run.summaries))
+        measured, skipped, budget_hit = parallel.totals(results)
+        self.report(measured, skipped, f"{len(results)} workers", budget_hit, budget_minutes)
+        failed = parallel.failure_message(results)
+        if failed:
+            raise click.ClickException(failed)
 
 
 def _progress_cb(bar: Progress, task: Any) -> Callable[[Any], None]:

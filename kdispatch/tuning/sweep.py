@@ -517,17 +517,20 @@ def summarize(store: Store, device: Device, targets: Sequence[TuneTarget]) -> li
 
 def tune_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str, *,
                budget_minutes: float | None = None, seed: int = 0,
-               mark_misses: bool = False) -> dict[str, Any]:
+               mark_misses: bool = False,
+               progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Worker entry for one shard: its own device and store handle, the shared database.
 
     Picklable arguments only, so it runs under ``multiprocessing`` (spawn) or as a Ray task.
     Returns plain counts; read the summary with :func:`summarize` once all shards end.
+    ``progress`` is called in the worker (e.g. to forward events to a queue).
     """
     device, tdev = resolve_device(device_name)
     store = Store(db_url)
     try:
         res = tune(targets, device=device, torch_device=tdev, store=store,
-                   budget_minutes=budget_minutes, seed=seed, mark_misses=mark_misses)
+                   budget_minutes=budget_minutes, seed=seed, mark_misses=mark_misses,
+                   progress=progress)
     finally:
         store.dispose()
     return {"device": device.key, "run_id": res.run_id, "measured": res.measured,

@@ -1,0 +1,278 @@
+"""Several devices of one host: ``tune --device cpu,cpu`` (and ``--device all`` on GPUs).
+
+The CPU tests run the CLI in a child process with the fake op installed; the fake op's spec
+is pickled to the spawned workers (by reference to ``fakeops``/this module, both on the
+child's PYTHONPATH). ``KD_FAKE_LOG`` records which process ran which (n, block).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+from collections import Counter
+
+import pytest
+
+import fakeops
+from kdispatch.device import Device
+from kdispatch.store import MeasurementIn, Store, digest
+from kdispatch.tuning import parallel, sweep
+
+N_KEYS, N_CANDS = 3, len(fakeops.BLOCKS)
+KEYS_N = (64, 256, 1024)  # the fake preset's keys; round-robin: worker 0 gets 64 and 1024
+
+
+class FlakySpec(fakeops.FakeSpec):
+    """The fake op with a bug that only the key n=1024 hits (so only worker 0 fails)."""
+
+    def launch(self, config, x):
+        if x.numel() == 1024 and config.block == fakeops.BUGGY:
+            raise TypeError("a bug only n=1024 reaches")
+        return super().launch(config, x)
+
+
+@pytest.fixture(autouse=True)
+def fake_op():
+    fakeops.install()
+    yield fakeops.SPEC
+    fakeops.uninstall()
+
+
+def _cli(db, *extra, flaky=False, device="cpu,cpu"):
+    argv = fakeops.cli_code("tune", "--device", device, "--preset", "fake", "--op", "tune_fake",
+                            "--db", db, *extra)
+    if flaky:  # register the flaky spec over the fake one before the CLI runs
+        argv[-1] = argv[-1].replace(
+            "fakeops.install();", "fakeops.install(); import test_parallel; "
+            "from kdispatch.registry import register; "
+            "register(test_parallel.FlakySpec(), replace=True);")
+    return argv
+
+
+def _pairs(m):
+    return json.loads(m.key_json)["n"], json.loads(m.config_json)["block"]
+
+
+def _log(path):
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(tmp_path_factory):
+    """One ``--device cpu,cpu`` run of the fake preset, shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("parallel")
+    db, log = str(tmp / "two.sqlite"), tmp / "runs.log"
+    fakeops.install()
+    r = subprocess.run(_cli(db), env=fakeops.subprocess_env(KD_FAKE_LOG=str(log)),
+                       capture_output=True, text=True, timeout=180)
+    return r, db, log
+
+
+def test_two_cpu_workers_tune_every_key_exactly_once(two_worker_run):
+    r, db, log = two_worker_run
+    assert r.returncode == 0, r.stderr
+    s = Store(db)
+    try:
+        rows = s.measurements(op="tune_fake")
+        pairs = Counter(_pairs(m) for m in rows)
+        assert set(pairs) == {(n, b) for n in KEYS_N for b in fakeops.BLOCKS}
+        assert max(pairs.values()) == 1  # every (key, config) exactly once
+        runs = s.runs()
+        assert [x.status for x in runs] == ["done", "done"]
+        assert len({x.pid for x in runs}) == 2
+        # each worker tuned whole keys of its own shard, none of the other's
+        keys_by_run = {x.id: {json.loads(m.key_json)["n"] for m in rows if m.run_id == x.id}
+                       for x in runs}
+        assert sorted(map(sorted, keys_by_run.values())) == [[64, 1024], [256]]
+    finally:
+        s.dispose()
+    # both worker processes ran the op, and neither was the parent
+    ran = _log(log)
+    pids = {pid for pid, _, _ in ran}
+    assert len(pids) == 2 and {x.pid for x in runs} == pids
+    by_pid = {pid: {n for p, n, _ in ran if p == pid} for pid in pids}
+    assert not set.intersection(*by_pid.values())  # no key ran in both workers
+    # the summary is the single-device table over every key
+    out = r.stdout
+    assert "tuning summary" in out and "2 workers: cpu, cpu" in out
+    for n in KEYS_N:
+        assert f"n={n} " in out
+    assert f"measured {N_KEYS * N_CANDS} candidates, 0 already in the database (2 workers)" \
+        in out
+
+
+def test_summary_matches_a_single_device_summary(two_worker_run):
+    _, db, _ = two_worker_run
+    s = Store(db)
+    try:
+        dev = Device.interpreter()
+        targets, _ = sweep.plan(dev, ["fake"])
+        summaries = sweep.summarize(s, dev, targets)
+        assert [x.key["n"] for x in summaries] == list(KEYS_N)
+        assert all((x.ok, x.rejected, x.infeasible) == (N_CANDS - 2, 1, 1) for x in summaries)
+        assert all(x.best_us and x.heuristic_us for x in summaries)
+    finally:
+        s.dispose()
+
+
+def test_identical_devices_merge_into_one_entry_and_device_keys_never_mix(two_worker_run,
+                                                                         tmp_path):
+    _, src, _ = two_worker_run
+    db = str(tmp_path / "merge.sqlite")
+    s = Store(db)
+    try:
+        src_store = Store(src)
+        rows = src_store.measurements(op="tune_fake")
+        src_store.dispose()
+        # shards of identical devices: each key's rows split over two worker runs
+        dev = Device.interpreter()
+        run_a, run_b = s.start_run(dev, {"tune_fake": "fakehash0001"}), \
+            s.start_run(dev, {"tune_fake": "fakehash0001"})
+        for i, m in enumerate(rows):
+            s.record(MeasurementIn(
+                op=m.op, key=json.loads(m.key_json), config=json.loads(m.config_json),
+                source_hash=m.source_hash, status=m.status, verified=m.verified,
+                is_heuristic=m.is_heuristic, is_baseline=m.is_baseline,
+                median_us=None if m.median_us is None else 100.0 + i),
+                run_a if i % 2 else run_b)
+        best = s.best(device_key=dev.key, op="tune_fake")
+        assert len(best) == N_KEYS  # one entry per key, whichever worker measured it
+        for b in best:
+            mine = [m for m in s.measurements("tune_fake", dev.key, b.key_digest)
+                    if m.status == "ok" and m.verified and not m.is_baseline]
+            assert {m.run_id for m in s.measurements("tune_fake", dev.key, b.key_digest)} \
+                == {run_a, run_b}
+            assert b.median_us == min(m.median_us for m in mine)  # fastest verified wins
+        before = [(b.key_digest, b.config, b.median_us) for b in best]
+        targets, _ = sweep.plan(dev, ["fake"])
+        summary_before = sweep.summarize(s, dev, targets)
+
+        # rows of another device key, faster, for the same shapes
+        h200 = Device.from_key("nvidia-h200")
+        for t in sweep.plan(h200, ["fake"])[0]:
+            s.record(MeasurementIn(op="tune_fake", key=t.key, config={"block": 2,
+                                                                      "num_warps": 4},
+                                   source_hash="fakehash0001", status="ok", verified=True,
+                                   median_us=0.001))
+        assert [(b.key_digest, b.config, b.median_us)
+                for b in s.best(device_key=dev.key, op="tune_fake")] == before
+        assert sweep.summarize(s, dev, targets) == summary_before
+        other = s.best(device_key="nvidia-h200", op="tune_fake")
+        assert len(other) == N_KEYS and all(b.median_us == 0.001 for b in other)
+        assert all(b.key["device"] == "nvidia-h200" for b in other)
+    finally:
+        s.dispose()
+
+
+def test_a_failing_worker_is_reported_by_device_after_the_others_finish(tmp_path):
+    db, log = str(tmp_path / "flaky.sqlite"), tmp_path / "runs.log"
+    r = subprocess.run(_cli(db, flaky=True), env=fakeops.subprocess_env(KD_FAKE_LOG=str(log)),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 of 2 tuning workers failed (worker 0 on cpu failed: TypeError: a bug only " \
+           "n=1024 reaches)" in r.stderr
+    assert "Traceback" in r.stderr  # the worker's own traceback, for debugging
+    assert "tuning summary" in r.stdout  # what was committed is still summarized
+    s = Store(db)
+    try:
+        runs = {x.pid: x.status for x in s.runs()}
+        assert sorted(runs.values()) == ["done", "failed"]
+        got = Counter(json.loads(m.key_json)["n"] for m in s.measurements(op="tune_fake"))
+        # worker 1 finished its key; worker 0 kept key 64 and n=1024's configs before the bug
+        assert got[256] == N_CANDS and got[64] == N_CANDS
+        assert 0 < got[1024] < N_CANDS
+    finally:
+        s.dispose()
+    # rerunning without the bug resumes: only n=1024's remaining configs are measured
+    r = subprocess.run(_cli(db), env=fakeops.subprocess_env(), capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert f"measured {N_CANDS - got[1024]} candidates" in r.stdout
+
+
+def test_parse_devices():
+    assert parallel.parse_devices("cpu,cpu") == ["cpu", "cpu"]
+    assert parallel.parse_devices(" cuda:1 , cuda:0") == ["cuda:1", "cuda:0"]
+    assert parallel.is_multi_device("all") and parallel.is_multi_device("cpu,cpu")
+    assert not parallel.is_multi_device("cuda:0")
+    with pytest.raises(sweep.TuningError, match="do not mix"):
+        parallel.parse_devices("cpu,cuda:0")
+    with pytest.raises(sweep.TuningError, match="listed twice"):
+        parallel.parse_devices("cuda:0,cuda:0")
+    with pytest.raises(sweep.TuningError, match="expected cpu or cuda:N"):
+        parallel.parse_devices("cpu,tpu:0")
+    import torch
+    if not torch.cuda.is_available():
+        with pytest.raises(sweep.TuningError, match="no CUDA"):
+            parallel.parse_devices("all")
+
+
+def test_different_devices_form_separate_groups_whose_keys_never_mix(tmp_path):
+    h100, h200 = Device.from_key("nvidia-h100"), Device.from_key("nvidia-h200")
+    groups = parallel.group_devices([("cuda:0", h100), ("cuda:1", h200), ("cuda:2", h100)])
+    assert [(g.device.key, g.names) for g in groups] == [
+        ("nvidia-h100", ("cuda:0", "cuda:2")), ("nvidia-h200", ("cuda:1",))]
+    s = Store(str(tmp_path / "plan.sqlite"))
+    runs = [parallel.GroupRun(g, parallel.plan_targets(s, g.device, ["fake"], None)[0])
+            for g in groups]
+    jobs = parallel.make_jobs(runs)
+    assert [(j.device_name, j.device_key, [t.key["n"] for t in j.targets]) for j in jobs] == [
+        ("cuda:0", "nvidia-h100", [64, 1024]), ("cuda:2", "nvidia-h100", [256]),
+        ("cuda:1", "nvidia-h200", [64, 256, 1024])]
+    for j in jobs:
+        assert {t.key["device"] for t in j.targets} == {j.device_key}
+    # and a worker refuses keys of another device rather than tuning them into its table
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        with pytest.raises(sweep.TuningError, match="key is for device 'nvidia-h200'"):
+            parallel.run_shard(jobs[2].targets[:1], "cpu", s.url, {}, pickle.dumps([]))
+        assert s.counts()["measurements"] == 0
+    s.dispose()
+
+
+def test_runtime_registered_ops_are_shipped_to_workers_and_builtins_are_not():
+    specs = pickle.loads(parallel.extra_specs(["tune_fake", "kv_write"]))
+    assert [s.name for s in specs] == ["tune_fake"]
+    assert pickle.loads(parallel.extra_specs(["kv_write"])) == []
+
+
+def test_failure_message_names_each_failed_device():
+    results = [parallel.WorkerResult(0, "cuda:0", counts={"measured": 3}),
+               parallel.WorkerResult(1, "cuda:1", error="RuntimeError: CUDA error: ECC")]
+    msg = parallel.failure_message(results)
+    assert msg.startswith("1 of 2 tuning workers failed (worker 1 on cuda:1 failed: "
+                          "RuntimeError: CUDA error: ECC)")
+    assert parallel.failure_message(results[:1]) is None
+    assert parallel.totals(results) == (3, 0, False)
+
+
+@pytest.mark.gpu
+def test_all_gpus_tune_the_smoke_preset_once(tmp_path):
+    """``--device all`` on every GPU of the host: each key once, one table, every worker ran."""
+    import torch
+
+    n_gpus = torch.cuda.device_count()
+    db = str(tmp_path / "gpus.sqlite")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(fakeops.REPO), env.get("PYTHONPATH", "")])
+    code = ("from kdispatch.cli import main; main(['tune', '--device', 'all', '--preset', "
+            f"'smoke', '--max-candidates', '3', '--db', {db!r}], prog_name='kdispatch')")
+    r = subprocess.run([fakeops.sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = Store(db)
+    try:
+        dev = Device.from_torch(torch.device("cuda", 0))
+        targets, _ = sweep.plan(dev, ["smoke"])
+        rows = s.measurements()
+        pairs = Counter((m.op, m.key_digest, m.config_digest) for m in rows)
+        assert max(pairs.values()) == 1
+        assert {(m.op, m.key_digest) for m in rows} == {(t.op, digest(t.key)) for t in targets}
+        assert {m.device_key for m in rows} == {dev.key}
+        runs = s.runs()
+        assert len(runs) == min(n_gpus, len(targets)) and all(x.status == "done" for x in runs)
+        assert len(s.best(device_key=dev.key)) == len(targets)
+        assert "tuning summary" in r.stdout
+    finally:
+        s.dispose()
