@@ -126,6 +126,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")])
     env["TRITON_INTERPRET"] = "1"
+    env["COLUMNS"] = "250"  # a pipe's width: keep rich from wrapping the lines tests read
     env.update(extra)
     return env
 

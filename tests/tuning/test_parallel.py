@@ -130,13 +130,15 @@ def test_identical_devices_merge_into_one_entry_and_device_keys_never_mix(two_wo
         dev = Device.interpreter()
         run_a, run_b = s.start_run(dev, {"tune_fake": "fakehash0001"}), \
             s.start_run(dev, {"tune_fake": "fakehash0001"})
+        seen: dict[str, int] = {}
         for i, m in enumerate(rows):
+            nth = seen[m.key_digest] = seen.get(m.key_digest, -1) + 1  # alternate per key
             s.record(MeasurementIn(
                 op=m.op, key=json.loads(m.key_json), config=json.loads(m.config_json),
                 source_hash=m.source_hash, status=m.status, verified=m.verified,
                 is_heuristic=m.is_heuristic, is_baseline=m.is_baseline,
                 median_us=None if m.median_us is None else 100.0 + i),
-                run_a if i % 2 else run_b)
+                run_a if nth % 2 else run_b)
         best = s.best(device_key=dev.key, op="tune_fake")
         assert len(best) == N_KEYS  # one entry per key, whichever worker measured it
         for b in best:
