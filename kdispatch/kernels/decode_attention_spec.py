@@ -40,6 +40,16 @@ MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
     (4096, 2),        # short contexts: latency dominates, split finely to fill the device
     (1 << 30, 4),     # long contexts: at least 4 tiles amortize the per-split cost
 )
+#: Absorbed MLA (latent keys) fills whole waves of resident programs instead: programs
+#: = floor(slots / base) * base, slots = SMs x resident programs per SM (2 for the 32-token
+#: 12-16-head tile, 1 for 64-head blocks). H200 v3 (docs/decode_notes.md): deepseek TP8
+#: b32 x 16k at 8 splits (256 programs) 171 us vs 235 us at ceil's 9 (288: a 24-program
+#: tail wave); TP1 128 heads best at 2 splits (128 programs at 1 per SM).
+LATENT_PROGRAMS_PER_SM = 2
+LATENT_PROGRAMS_PER_SM_WIDE = 1
+#: minimum tiles per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles)
+#: 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3
+LATENT_MIN_TILES_PER_SPLIT = 16
 #: BLOCK_N by padded q/k head dim. H200 v1 (docs/decode_notes.md): GQA D=128 at 128 tokens
 #: is 18-22% faster than 64 (b1 x 131k: 147 vs 178 us; b4 x 262k: 1026 vs 1250 us); the
 #: 576-wide MLA tile is fastest at 32 tokens (kimi b8 x 327,600: 951 vs 1366 us at 64).
@@ -158,8 +168,13 @@ def _split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
     base = batch * key.num_kv_heads * _cdiv(key.group, block_h)
     if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
         return 1
-    splits = _cdiv(TARGET_WAVES * key.cu_count, base)
-    min_tokens = _ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
+    if key.latent:
+        per_sm = LATENT_PROGRAMS_PER_SM_WIDE if block_h >= 64 else LATENT_PROGRAMS_PER_SM
+        splits = max(1, per_sm * key.cu_count // base)
+        min_tokens = LATENT_MIN_TILES_PER_SPLIT * block_n
+    else:
+        splits = _cdiv(TARGET_WAVES * key.cu_count, base)
+        min_tokens = _ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
     splits = min(splits, max(1, key.context // min_tokens), _max_splits_for_budget(key))
     return max(1, splits)
 
@@ -257,6 +272,7 @@ class DecodeSpec(OpSpec):
         base1 = key.batch * key.num_kv_heads * _cdiv(key.group, h.block_h)
         splits = {1, h.num_kv_splits, max(1, h.num_kv_splits // 2), h.num_kv_splits * 2}
         splits |= {_cdiv(w * key.cu_count, base1) for w in (1, 2, 4)}
+        splits |= {max(1, w * key.cu_count // base1) for w in (1, 2, 4)}  # whole waves
         splits = {min(s, max(1, key.context // 16)) for s in splits}
         splits = sorted(s for s in splits if s <= min(MAX_SPLITS, _max_splits_for_budget(key)))
         if key.latent or key.head_dim > 256:

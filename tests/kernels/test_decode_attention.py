@@ -83,6 +83,27 @@ def test_mla_shared_latent(dev):
     check(out3, q, k, v3, bt, sl, scale=scale)
 
 
+
+@pytest.mark.parametrize("hq,hk,window,logit_cap", [(12, 1, None, 0.0), (12, 1, 20, 0.0),
+                                                     (6, 2, None, 5.0), (20, 1, 9, 3.0)])
+def test_mla_latent_halves_kernel(dev, hq, hk, window, logit_cap):
+    # Dv 512 shared latent runs _decode_stage1_latent (two half-width tiles): sliding
+    # window, logit cap, several kv heads, > 16 heads (two head blocks), direct and split,
+    # and a zero-length request
+    from kdispatch.kernels import decode_attention as da
+    assert da.SPLIT_LATENT_MIN_DV <= 512
+    q, k, v, bt, sl = make_case(dev, batch=3, hq=hq, hk=hk, dk=576, dv=512, pages=3,
+                                dtype=torch.bfloat16, latent=True, lens=[37, 0, 48],
+                                seed=hq + hk)
+    assert shares_latent(k, v)
+    scale = 576 ** -0.5
+    kw = dict(sliding_window=window, logit_cap=logit_cap)
+    for splits in (1, 3):
+        out = launch_decode_attention(cfg(splits, block_n=16), q, k, v, bt, sl, scale=scale,
+                                      **kw)
+        check(out, q, k, v, bt, sl, scale=scale, **kw)
+        assert out[1].abs().max().item() == 0.0
+
 def test_split_counts_agree(dev):
     q, k, v, bt, sl = make_case(dev, batch=2, pages=8, lens=[128, 77], seed=3)
     outs = [launch_decode_attention(cfg(s, block_n=16), q, k, v, bt, sl, scale=0.125)
