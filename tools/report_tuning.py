@@ -34,9 +34,13 @@ SHAPE_FIELDS = {
 }
 
 
-def rows(store: Store, device: str, ceilings: dict) -> list[dict]:
+def rows(store: Store, device: str, ceilings: dict, min_run: int = 0) -> list[dict]:
+    """One row per key whose measurements come from runs >= ``min_run`` (so every figure
+    is set against the ceilings of the session that measured it)."""
     by_key: dict[tuple[str, str], list] = {}
     for m in store.measurements(device_key=device):
+        if (m.run_id or 0) < min_run:
+            continue
         by_key.setdefault((m.op, m.key_digest), []).append(m)
     out = []
     for (op, _), ms in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[1][0].id)):
@@ -92,10 +96,12 @@ def main() -> None:
     ap.add_argument("--ceilings", required=True)
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
+    ap.add_argument("--min-run", type=int, default=0,
+                    help="only measurements of tuning runs with this id or later")
     args = ap.parse_args()
     ceilings = json.loads(Path(args.ceilings).read_text())
     store = Store(args.db, create=False)
-    rs = rows(store, args.device, ceilings)
+    rs = rows(store, args.device, ceilings, args.min_run)
     if args.json:
         Path(args.json).write_text(json.dumps({"ceilings": ceilings, "rows": rs}, indent=1))
     md = markdown(rs)
