@@ -25,13 +25,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import kdispatch  # noqa: E402
 
 SHAPES = {
-    "kimi-k3 TP8 MLA (12 q heads, 576/512)": dict(num_q_heads=12, num_kv_heads=1, head_dim=576,
-                                                 head_dim_v=512),
-    "llama3-8b GQA (32/8 heads, 128)": dict(num_q_heads=32, num_kv_heads=8, head_dim=128,
-                                           head_dim_v=128),
+    "kimi-k3 TP8 MLA (12 q heads, 576/512)": (
+        dict(num_q_heads=12, num_kv_heads=1, head_dim=576, head_dim_v=512),
+        (4096, 16384, 65536, 327600)),
+    "llama3-8b GQA (32/8 heads, 128)": (
+        dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128),
+        (8192, 32768, 131072, 262144)),
 }
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
-CONTEXTS = (4096, 16384, 65536, 131072, 327600)
 
 
 def main() -> None:
@@ -40,8 +41,8 @@ def main() -> None:
     ap.add_argument("--out", default="docs/splits-nvidia-h200.png")
     args = ap.parse_args()
     fig, axes = plt.subplots(1, len(SHAPES), figsize=(12, 4.5), sharey=True)
-    for ax, (title, heads) in zip(axes, SHAPES.items()):
-        for ctx in CONTEXTS:
+    for ax, (title, (heads, contexts)) in zip(axes, SHAPES.items()):
+        for ci, ctx in enumerate(contexts):
             xs, ys, tabled = [], [], []
             for b in BATCHES:
                 e = kdispatch.explain("decode_attention", device=args.device, batch=b,
@@ -51,7 +52,8 @@ def main() -> None:
                 tabled.append(e.origin in ("table", "database"))
             line, = ax.plot(xs, ys, label=f"context {ctx:,}")
             for x, y, t in zip(xs, ys, tabled):
-                ax.plot([x], [y], "o", color=line.get_color(),
+                # shrinking markers keep coinciding points of several contexts visible
+                ax.plot([x], [y], "o", color=line.get_color(), markersize=11 - 2 * ci,
                         markerfacecolor=line.get_color() if t else "white")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
