@@ -168,7 +168,7 @@ class OpSpec(ABC):
 
 # name -> "module:attribute" of a spec instance; imported on first use.
 _BUILTIN_OPS: dict[str, str] = {
-    "kv_write": "kdispatch.kernels.kv_write:SPEC",
+    "kv_write": "kdispatch.kernels.kv_write_spec:SPEC",
     "decode_attention": "kdispatch.kernels.decode_attention:SPEC",
 }
 _LOADED: dict[str, OpSpec] = {}

@@ -43,8 +43,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import kdispatch  # noqa: E402
+from kdispatch.kernels.kv_write_spec import SPEC  # noqa: E402
 from kdispatch.kernels.kv_write import (  # noqa: E402
-    SPEC,
     KVWriteConfig,
     launch_kv_write,
     reference_kv_write,

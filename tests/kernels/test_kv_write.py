@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import kdispatch
+from kdispatch.kernels.kv_write_spec import SPEC
 from kdispatch.kernels.kv_write import (
-    SPEC,
     KVWriteConfig,
     KVWriteKey,
     launch_kv_write,

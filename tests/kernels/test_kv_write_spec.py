@@ -8,7 +8,8 @@ from pydantic import ValidationError
 
 import kdispatch
 from kdispatch.device import Device
-from kdispatch.kernels.kv_write import SPEC, KVWriteConfig, KVWriteKey
+from kdispatch.kernels.kv_write import KVWriteConfig, KVWriteKey
+from kdispatch.kernels.kv_write_spec import SPEC
 from kdispatch.registry import OpKey, get_op
 
 H200 = Device.from_key("nvidia-h200")
