@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kdispatch import dispatcher as _dispatch
 from kdispatch.dispatcher import Explanation, Stats, dispatcher
 from kdispatch.registry import OpConfig, get_op
 
@@ -27,7 +28,7 @@ def resolve(op: str, /, config: Any = None, **args: Any) -> OpConfig:
     >>> cfg.num_kv_splits > 1
     True
     """
-    return dispatcher().resolve(op, args, config)
+    return (_dispatch._DISPATCHER or dispatcher()).resolve(op, args, config)
 
 
 def explain(op: str, /, config: Any = None, **args: Any) -> Explanation:

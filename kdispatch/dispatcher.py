@@ -84,7 +84,8 @@ class Dispatcher:
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings.from_env()
-        self._memo: dict[Any, _Entry] = {}
+        self._memo: dict[Any, _Entry] = {}  # (op, memo key) -> entry
+        self._specs: dict[str, OpSpec] = {}
         self._devices: dict[Any, Device] = {}
         self._db: dict[str, dict[tuple[str, str], tuple[dict, str]] | None] = {}
         self._tables: dict[str, dict[tuple[str, str], Any]] = {}
@@ -99,13 +100,20 @@ class Dispatcher:
     def resolve(self, op: str, args: Mapping[str, Any], config: Any = None) -> OpConfig:
         if config is not None:
             return self.explain(op, args, config).config
-        spec = get_op(op)
+        spec = self._specs.get(op) or self._spec(op)
         mk = (op, spec.memo_key(args))
-        entry = self._memo.get(mk)
+        try:
+            entry = self._memo.get(mk)
+        except TypeError:  # an unhashable argument: let the key name it
+            return self._resolve_slow(spec, args, None).config
         if entry is not None:
             entry.calls += 1
             return entry.config
         return self._resolve_slow(spec, args, mk).config
+
+    def _spec(self, op: str) -> OpSpec:
+        spec = self._specs[op] = get_op(op)
+        return spec
 
     def explain(self, op: str, args: Mapping[str, Any], config: Any = None) -> Explanation:
         spec = get_op(op)
@@ -115,7 +123,10 @@ class Dispatcher:
             return Explanation(op, key, cfg, "override", "override",
                                (Consulted("override", "config= argument"),))
         mk = (op, spec.memo_key(args))
-        entry = self._memo.get(mk)
+        try:
+            entry = self._memo.get(mk)
+        except TypeError:  # an unhashable argument: let the key name it
+            entry, mk = None, None
         if entry is not None:
             entry.calls += 1
             return Explanation(op, entry.key, entry.config, "memo", entry.source,
@@ -129,11 +140,12 @@ class Dispatcher:
         device = self.device(spec.device_of(args))
         key = spec.key(device, args)
         with self._lock:
-            entry = self._memo.get(mk)
+            entry = self._memo.get(mk) if mk is not None else None
             if entry is not None:
                 return entry
             entry = self._chain(spec, key)
-            self._memo[mk] = entry
+            if mk is not None:
+                self._memo[mk] = entry
         return entry
 
     def _chain(self, spec: OpSpec, key: OpKey) -> _Entry:

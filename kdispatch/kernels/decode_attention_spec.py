@@ -189,14 +189,18 @@ class DecodeSpec(OpSpec):
 
     # -- resolution ---------------------------------------------------------------------
     def memo_key(self, args: Mapping[str, Any]) -> Hashable:
+        """Exactly what :meth:`key` reads; attribute reads only (the resolve hot path)."""
         q = args.get("q")
-        if isinstance(q, torch.Tensor):
-            k, v, bt = args["k_cache"], args["v_cache"], args["block_table"]
-            return ("t", tuple(q.shape), q.dtype, q.device, tuple(k.shape), k.dtype,
-                    tuple(v.shape), tuple(bt.shape), args.get("sliding_window"),
-                    bool(args.get("batch_invariant", False)))
-        return ("p",) + tuple(sorted((k, v) for k, v in args.items()
-                                     if not isinstance(v, torch.Tensor)))
+        if q is not None:
+            try:
+                k = args["k_cache"]
+                return (q.shape, q.dtype, q.device, k.shape, k.dtype, args["v_cache"].shape,
+                        args["block_table"].shape, args.get("sliding_window"),
+                        args.get("batch_invariant", False))
+            except (AttributeError, KeyError):  # not tensors: key() names the argument
+                return ("invalid", id(args))
+        # every plain argument as given (a different order is merely another memo entry)
+        return tuple(args.items())
 
     def device_of(self, args: Mapping[str, Any]) -> Device | str | None:
         q = args.get("q")

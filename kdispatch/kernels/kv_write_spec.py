@@ -72,14 +72,16 @@ class KVWriteSpec(OpSpec):
 
     # -- resolution ----------------------------------------------------------------------------
     def memo_key(self, args: Mapping[str, Any]) -> Hashable:
-        if _is_tensor_form(args):
-            key = _tensor_arg(args, "key")
-            cache = _tensor_arg(args, "key_cache")
-            return ("t", tuple(key.shape), key.dtype, key.device,
-                    cache.shape[1] if cache.dim() == 4 else None,
-                    args.get("row_mask") is not None, args.get("active_rows") is not None)
-        return ("p", args.get("device"), *(args.get(n) for n in self._PLAIN),
-                args.get("masking", "none"))
+        """Exactly what :meth:`key` reads; attribute reads only (the resolve hot path)."""
+        key = args.get("key")
+        if key is not None:
+            try:
+                return (key.shape, key.dtype, key.device, args["key_cache"].shape[1],
+                        args.get("row_mask") is not None, args.get("active_rows") is not None)
+            except (AttributeError, KeyError, IndexError, TypeError):
+                return ("invalid", id(args))  # not tensors: key() names the argument
+        # every plain argument as given (a different order is merely another memo entry)
+        return tuple(args.items())
 
     def key(self, device: Device, args: Mapping[str, Any]) -> KVWriteKey:
         fields = OpKey.device_fields(device)

@@ -114,8 +114,10 @@ def test_tensor_form_errors_name_the_argument():
         SPEC.key(H200, {**args, "key": args["key"].flatten(1)})
     with pytest.raises(ValueError, match="^key:"):
         SPEC.key(H200, {**args, "key": args["key"].to(torch.int32)})
+    bad = {**args, "key_cache": [1, 2]}
+    SPEC.memo_key(bad)  # the hot path never raises an unrelated error...
     with pytest.raises(ValueError, match="^key_cache:"):
-        SPEC.memo_key({**args, "key_cache": [1, 2]})
+        SPEC.key(H200, bad)  # ...the key names the argument
 
 
 def test_zero_tokens_maps_to_the_smallest_bucket():
