@@ -90,15 +90,17 @@ def _tune_fake(runner, db):
 def test_resolve_and_explain_text_and_json(runner, fake, tmp_path):
     db = str(tmp_path / "r.sqlite")
     _tune_fake(runner, db)
+    kimi = ["--batch", "8", "--context", "327600", "--num-q-heads", "12", "--num-kv-heads",
+            "1", "--head-dim", "576", "--head-dim-v", "512", "--db", db, "--json"]
     e = json.loads(_ok(runner.invoke(main, ["explain", "decode_attention", "--device",
-                                            "nvidia-h200", "--batch", "8", "--context",
-                                            "327600", "--num-q-heads", "12",
-                                            "--num-kv-heads", "1", "--head-dim", "576",
-                                            "--head-dim-v", "512", "--db", db, "--json"])))
-    assert e["provenance"] == "heuristic" and e["key"]["device"] == "nvidia-h200"
+                                            "amd-mi355x", *kimi])))
+    assert e["provenance"] == "heuristic" and e["key"]["device"] == "amd-mi355x"
     assert [c["source"] for c in e["consulted"]][-1] == "heuristic"
     assert e["config"]["num_kv_splits"] > 1
-    out = _ok(runner.invoke(main, ["explain", "kv_write", "--device", "nvidia-h200",
+    shipped = json.loads(_ok(runner.invoke(main, ["explain", "decode_attention", "--device",
+                                                  "nvidia-h200", *kimi])))
+    assert shipped["provenance"] == "table"  # tuned on the H200 and shipped in db/
+    out = _ok(runner.invoke(main, ["explain", "kv_write", "--device", "amd-mi355x",
                                    "--tokens", "8", "--num-kv-heads", "16", "--head-dim",
                                    "128", "--db", db]))
     assert "consulted:" in out and "provenance: heuristic" in out and "tokens" in out

@@ -327,7 +327,8 @@ class DecodeSpec(OpSpec):
         with ``v_cache = k_cache[..., :head_dim_v]``.
         """
         dev = torch.device(device)
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        # drawn on the device: a CPU draw of a multi-GB cache dominated the tuner's time
+        g = torch.Generator(device=dev).manual_seed(seed)
         batch, context = key.batch, key.context
         if dev.type == "cpu":  # the interpreter is slow: keep smoke inputs tiny
             batch, context = min(batch, 2), min(context, 256)
@@ -340,19 +341,21 @@ class DecodeSpec(OpSpec):
             window = None
         num_blocks = batch * pages + 3
         qd, kd = TORCH_DTYPES[key.dtype], TORCH_DTYPES[key.kv_dtype]
-        q = torch.randn((batch, key.num_q_heads, key.head_dim), generator=g).to(dev, qd)
-        k_cache = torch.randn((num_blocks, page, key.num_kv_heads, key.head_dim),
-                              generator=g).to(dev, kd)
+
+        def randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.randn(shape, generator=g, device=dev).to(dtype)
+
+        q = randn(batch, key.num_q_heads, key.head_dim, dtype=qd)
+        k_cache = randn(num_blocks, page, key.num_kv_heads, key.head_dim, dtype=kd)
         if key.latent:
             v_cache = k_cache[..., :key.head_dim_v]
         else:
-            v_cache = torch.randn((num_blocks, page, key.num_kv_heads, key.head_dim_v),
-                                  generator=g).to(dev, kd)
-        perm = torch.randperm(num_blocks, generator=g)[:batch * pages]
-        block_table = perm.view(batch, pages).to(torch.int32).to(dev)
-        lens = torch.full((batch,), cap)
+            v_cache = randn(num_blocks, page, key.num_kv_heads, key.head_dim_v, dtype=kd)
+        perm = torch.randperm(num_blocks, generator=g, device=dev)[:batch * pages]
+        block_table = perm.view(batch, pages).to(torch.int32)
+        lens = torch.full((batch,), cap, dtype=torch.int32, device=dev)
         return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
-                "seq_lens": lens.to(torch.int32).to(dev), "scale": key.head_dim ** -0.5,
+                "seq_lens": lens, "scale": key.head_dim ** -0.5,
                 "sliding_window": window, "logit_cap": 0.0}
 
     def run(self, config: DecodeConfig, inputs: dict[str, Any]) -> Any:  # type: ignore[override]
