@@ -34,9 +34,11 @@ SHAPE_FIELDS = {
 }
 
 
-def rows(store: Store, device: str, ceilings: dict, min_run: int = 0) -> list[dict]:
-    """One row per key whose measurements come from runs >= ``min_run`` (so every figure
-    is set against the ceilings of the session that measured it)."""
+def rows(store: Store, device: str, ceilings: dict, min_run: int = 0,
+         by_run: dict[int, dict] | None = None) -> list[dict]:
+    """One row per key whose measurements come from runs >= ``min_run``. Each figure is set
+    against the ceilings of the session that measured it: ``by_run`` maps a tuning run id to
+    that session's ceilings (``ceilings`` otherwise)."""
     by_key: dict[tuple[str, str], list] = {}
     for m in store.measurements(device_key=device):
         if (m.run_id or 0) < min_run:
@@ -56,11 +58,11 @@ def rows(store: Store, device: str, ceilings: dict, min_run: int = 0) -> list[di
         base_d = digest(base_cfg.model_dump(mode="json")) if base_cfg is not None else None
         base = next((m for m in ok if m.config_digest == base_d), None)
         nbytes = spec.bytes_moved(key)
-        ceiling = ceilings[CEILING_OF.get(op, "read")]["gbs"]
 
         def fig(m):
             if m is None:
                 return None
+            ceiling = (by_run or {}).get(m.run_id, ceilings)[CEILING_OF.get(op, "read")]["gbs"]
             gbs = nbytes / (m.median_us * 1e3)
             return {"us": round(m.median_us, 2), "p20_us": m.p20_us, "p80_us": m.p80_us,
                     "gbs": round(gbs, 1), "pct": round(100 * gbs / ceiling, 1),
@@ -69,6 +71,7 @@ def rows(store: Store, device: str, ceilings: dict, min_run: int = 0) -> list[di
         out.append({"op": op, "key": {f: getattr(key, f) for f in SHAPE_FIELDS.get(op, ())},
                     "candidates": len(ms), "rejected": sum(m.status == "rejected" for m in ms),
                     "infeasible": sum(m.status == "infeasible" for m in ms),
+                    "runs": sorted({m.run_id for m in ms}),
                     "tuned": fig(tuned), "heuristic": fig(heur), "baseline": fig(base),
                     "bytes": nbytes})
     return out
@@ -98,10 +101,14 @@ def main() -> None:
     ap.add_argument("--md", default=None)
     ap.add_argument("--min-run", type=int, default=0,
                     help="only measurements of tuning runs with this id or later")
+    ap.add_argument("--run-ceilings", default="",
+                    help="RUN=PATH,... ceilings measured in the session of each tuning run")
     args = ap.parse_args()
     ceilings = json.loads(Path(args.ceilings).read_text())
     store = Store(args.db, create=False)
-    rs = rows(store, args.device, ceilings, args.min_run)
+    by_run = {int(r): json.loads(Path(p).read_text())
+              for r, p in (item.split("=", 1) for item in args.run_ceilings.split(",") if item)}
+    rs = rows(store, args.device, ceilings, args.min_run, by_run)
     if args.json:
         Path(args.json).write_text(json.dumps({"ceilings": ceilings, "rows": rs}, indent=1))
     md = markdown(rs)
