@@ -323,15 +323,25 @@ _RESOLVE_EXAMPLE = """
 """
 
 
+def _lookup_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """OP, the shape options, --device, --db and --json of ``resolve`` and ``explain``."""
+    for deco in reversed((
+        click.argument("op"),
+        _shape_options,
+        click.option("--device", default=None, help="Device key (nvidia-h200, "
+                     "cpu-interpreter, ...); default: this machine's."),
+        click.option("--db", default=None,
+                     help="Database URL or SQLite path (default: KDISPATCH_DB)."),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON."),
+    )):
+        f = deco(f)
+    return f
+
+
 @main.command(help="Print the launch config an op gets at these shapes, and its provenance "
                    "(database, table, heuristic or override).\n" +
                    _RESOLVE_EXAMPLE.format(cmd="resolve"))
-@click.argument("op")
-@_shape_options
-@click.option("--device", default=None,
-              help="Device key (nvidia-h200, cpu-interpreter, ...); default: this machine's.")
-@click.option("--db", default=None, help="Database URL or SQLite path (default: KDISPATCH_DB).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_lookup_options
 def resolve(op: str, device: str | None, db: str | None, as_json: bool, **shape: Any) -> None:
     with _domain_errors():
         e = _explain(op, device, db, shape)
@@ -346,12 +356,7 @@ def resolve(op: str, device: str | None, db: str | None, as_json: bool, **shape:
 
 @main.command(help="Show the key an op call maps to, every source consulted and why the "
                    "config won.\n" + _RESOLVE_EXAMPLE.format(cmd="explain"))
-@click.argument("op")
-@_shape_options
-@click.option("--device", default=None,
-              help="Device key (nvidia-h200, cpu-interpreter, ...); default: this machine's.")
-@click.option("--db", default=None, help="Database URL or SQLite path (default: KDISPATCH_DB).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_lookup_options
 def explain(op: str, device: str | None, db: str | None, as_json: bool, **shape: Any) -> None:
     with _domain_errors():
         e = _explain(op, device, db, shape)
