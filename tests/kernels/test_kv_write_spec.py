@@ -157,11 +157,15 @@ def test_device_of():
     assert SPEC.device_of(tensor_args(device="cpu")) == torch.device("cpu")
 
 
-def test_resolve_plain_form_is_the_heuristic():
+def test_resolve_plain_form_uses_the_shipped_table_then_the_heuristic():
     exp = kdispatch.explain("kv_write", **PLAIN)
-    assert exp.provenance == "heuristic"
-    assert exp.config == SPEC.heuristic(mkkey())
+    assert exp.provenance == "table"  # tuned on the H200, shipped in db/nvidia-h200.json
     assert kdispatch.resolve("kv_write", **PLAIN) == exp.config
+    other = {**PLAIN, "device": "amd-mi355x"}  # no table for this GPU
+    exp = kdispatch.explain("kv_write", **other)
+    assert exp.provenance == "heuristic"
+    assert exp.config == SPEC.heuristic(SPEC.key(kdispatch.Device.from_key("amd-mi355x"),
+                                                 other))
 
 
 def test_override_to_indexed_is_refused_for_masked_keys():
