@@ -42,6 +42,13 @@ class PresetEntry:
     note: str = ""
 
 
+#: candidates per key of the model presets (heuristic and baseline included; the ops order
+#: their candidates most telling first). H200 session 3 measured 77 candidates in 1.6 minutes
+#: with compiles, so the largest preset (llama3-8b, 14 keys) takes about 3.5 minutes and all
+#: five about 9: one 10-minute device command. ``--max-candidates`` overrides it.
+MODEL_CANDIDATES = 12
+
+
 @dataclass(frozen=True)
 class Preset:
     """A named set of shapes.
@@ -97,32 +104,37 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         "Ouro-1.4B (24 layers x 4 loops): MHA 16/16 x 128; KV writes of 1, 8, 64 and 16,384 "
         "tokens; decode batch 1, 8 at 4k context",
         (*_kv(16, 128, [1, 8, 64, 16384]),
-         *_decode(16, 16, 128, 128, [1, 8], [4096]))),
+         *_decode(16, 16, 128, 128, [1, 8], [4096])),
+        max_candidates=MODEL_CANDIDATES),
     Preset(
         "huginn",
         "Huginn-0125 (hidden 5280, 55 heads x 96, MHA, 32 recurrent loops): KV writes of 1, 8, "
         "64 tokens; decode batch 1, 8 at its 4k context if the decode op supports head dim 96",
         (*_kv(55, 96, [1, 8, 64]),
-         *_decode(55, 55, 96, 96, [1, 8], [4096], optional=True, note=_HUGINN_DECODE_NOTE))),
+         *_decode(55, 55, 96, 96, [1, 8], [4096], optional=True, note=_HUGINN_DECODE_NOTE)),
+        max_candidates=MODEL_CANDIDATES),
     Preset(
         "llama3-8b",
         "Llama-3-8B: GQA 32/8 x 128, decode batch 1, 8, 64 x context 8k, 32k, 131k and "
         "batch 4 x 262,144; KV writes of 8 heads x 128",
         (*_decode(32, 8, 128, 128, [1, 8, 64], [8192, 32768, 131072]),
          *_decode(32, 8, 128, 128, [4], [262144]),
-         *_kv(8, 128, [1, 8, 64, 16384]))),
+         *_kv(8, 128, [1, 8, 64, 16384])),
+        max_candidates=MODEL_CANDIDATES),
     Preset(
         "kimi-k3-tp8",
         "Kimi-K3 at TP8: absorbed MLA, 12 q heads, 1 latent head 576/512, batch 1, 8 x "
         "context 65,536 and 327,600",
         (*_decode(12, 1, 576, 512, [1, 8], [65536, 327600]),
-         *_kv(1, 576, [1, 8, 64], optional=True, note=_LATENT_NOTE))),
+         *_kv(1, 576, [1, 8, 64], optional=True, note=_LATENT_NOTE)),
+        max_candidates=MODEL_CANDIDATES),
     Preset(
         "deepseek-v3-tp8",
         "DeepSeek-V3 at TP8: absorbed MLA, 16 q heads, 1 latent head 576/512, batch 8, 32 x "
         "context 16,384 and 327,600; latent-cache KV writes if supported",
         (*_decode(16, 1, 576, 512, [8, 32], [16384, 327600]),
-         *_kv(1, 576, [1, 8, 64], optional=True, note=_LATENT_NOTE))),
+         *_kv(1, 576, [1, 8, 64], optional=True, note=_LATENT_NOTE)),
+        max_candidates=MODEL_CANDIDATES),
     Preset(
         "smoke",
         "Tiny shapes for the CPU interpreter: two KV-write keys and two small decode keys "
