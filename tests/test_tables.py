@@ -128,3 +128,36 @@ def test_oversized_table_refused(tmp_path, monkeypatch):
     write_table(table([entry({"block": 16, "num_warps": 2}, 1.0)]), p)
     with pytest.raises(ValueError, match="over the 100 limit"):
         read_table(p)
+
+
+def test_hostile_real_op_entries_never_reach_a_launch():
+    """Absurd head counts, a split count of 10^9, 1024 warps, negative and unknown fields in
+    decode_attention / kv_write entries are each rejected with the field named."""
+    import kdispatch
+
+    good = kdispatch.explain("decode_attention", device="nvidia-h200", batch=8, context=327600,
+                             num_q_heads=12, num_kv_heads=1, head_dim=576, head_dim_v=512,
+                             page_size=16, dtype="bfloat16")
+    key, cfg = good.key.model_dump(mode="json"), good.config.model_dump(mode="json")
+    src = kdispatch.get_op("decode_attention").source_hash()
+    kv = kdispatch.explain("kv_write", device="nvidia-h200", tokens=8, num_kv_heads=16,
+                           head_dim=128, page_size=16, dtype="bfloat16")
+    kv_key, kv_src = kv.key.model_dump(mode="json"), kdispatch.get_op("kv_write").source_hash()
+    bad = [
+        dict(op="decode_attention", key={**key, "num_q_heads": 10**9}, config=cfg),
+        dict(op="decode_attention", key=key, config={**cfg, "num_kv_splits": 10**9}),
+        dict(op="decode_attention", key=key, config={**cfg, "num_warps": 1024}),
+        dict(op="decode_attention", key=key, config={**cfg, "block_n": -64}),
+        dict(op="decode_attention", key=key, config={**cfg, "block_h": 3}),
+        dict(op="kv_write", key=kv_key, config={"variant": "exec", "block_h": 4, "num_warps": 4}),
+        dict(op="kv_write", key={**kv_key, "head_dim": 10**7},
+             config=kv.config.model_dump(mode="json")),
+    ]
+    t = table([dict(e, source_hash=src if e["op"] == "decode_attention" else kv_src,
+                    median_us=1.0) for e in bad] +
+              [dict(op="decode_attention", key=key, config=cfg, source_hash=src, median_us=1.0)])
+    good_entries, rejected = validate_entries(t)
+    assert len(rejected) == len(bad) and len(good_entries) == 1
+    for msg, field in zip(rejected, ["num_q_heads", "num_kv_splits", "num_warps", "block_n",
+                                     "block_h", "variant", "head_dim"]):
+        assert field in msg, (field, msg)
