@@ -4,7 +4,8 @@
 
 Target (issue 2): under 2 microseconds per memo-hit resolve on a 2-core CPU machine.
 The tensor form uses CPU tensors (only shapes/dtypes/devices are read, so the device does
-not matter for the cost of a resolve).
+not matter for the cost of a resolve). The last row is the resolve that
+``kdispatch.decode_attention`` makes (an argument dict, no keyword-call packing).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors resolve to the int
 import torch  # noqa: E402
 
 import kdispatch  # noqa: E402
+from kdispatch.dispatcher import dispatcher  # noqa: E402
 
 
 def _median_ns(fn, inner: int = 20000, rounds: int = 15) -> float:
@@ -55,6 +57,8 @@ def main() -> None:
 
     d = {("decode_attention", 8, 327600, 12, 1, 576): object()}
     tup = ("decode_attention", 8, 327600, 12, 1, 576)
+    disp = dispatcher()
+    serving = dict(tensor, sliding_window=None, batch_invariant=False)  # as decode_attention()
     rows = {
         "dict lookup of a tuple": _median_ns(lambda: d[tup]),
         "resolve decode_attention, plain form": _median_ns(
@@ -62,6 +66,8 @@ def main() -> None:
         "resolve decode_attention, tensor form": _median_ns(
             lambda: kdispatch.resolve("decode_attention", **tensor)),
         "resolve kv_write, tensor form": _median_ns(lambda: kdispatch.resolve("kv_write", **kv)),
+        "decode_attention() serving-path resolve": _median_ns(
+            lambda: disp.resolve("decode_attention", serving)),
     }
     assert kdispatch.explain("decode_attention", **plain).provenance == "memo"
     if args.json:
