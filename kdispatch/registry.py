@@ -58,6 +58,21 @@ def _check_warps(v: int) -> int:
     return v
 
 
+def ladder(rungs: tuple[tuple[float, int], ...], x: float) -> int:
+    """The value of the first ``(limit, value)`` rung with ``x <= limit`` (else the last).
+
+    Heuristic thresholds are written as such ladders, each rung with the measurement that
+    justified it.
+
+    >>> ladder(((4096, 2), (1 << 30, 4)), 8192)
+    4
+    """
+    for limit, value in rungs:
+        if x <= limit:
+            return value
+    return rungs[-1][1]
+
+
 def check_pow2(name: str, v: int, lo: int, hi: int) -> int:
     """Validate a block size: a power of two within [lo, hi]."""
     if v < lo or v > hi or v & (v - 1):

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from kdispatch.buckets import half_pow2_bucket, pow2_bucket
 from kdispatch.device import Device
 from kdispatch.kernels._common import TORCH_DTYPES, dtype_name
-from kdispatch.registry import DType, OpConfig, OpKey, OpSpec, check_pow2
+from kdispatch.registry import DType, OpConfig, OpKey, OpSpec, check_pow2, ladder
 
 MAX_SPLITS = 256
 #: partials (fp32 out + lse) may take at most this many bytes at the key's batch bucket
@@ -59,13 +59,6 @@ BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 128), (256, 64), (1 << 20, 
 BLOCK_N_WIDE_HEADS = 64
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
-
-
-def _ladder(ladder: tuple[tuple[int, int], ...], x: float) -> int:
-    for limit, value in ladder:
-        if x <= limit:
-            return value
-    return ladder[-1][1]
 
 
 def _p2(n: int) -> int:
@@ -174,7 +167,7 @@ def _split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
         min_tokens = LATENT_MIN_TILES_PER_SPLIT * block_n
     else:
         splits = _cdiv(TARGET_WAVES * key.cu_count, base)
-        min_tokens = _ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
+        min_tokens = ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
     splits = min(splits, max(1, key.context // min_tokens), _max_splits_for_budget(key))
     return max(1, splits)
 
@@ -242,7 +235,7 @@ class DecodeSpec(OpSpec):
 
     def heuristic(self, key: DecodeKey) -> DecodeConfig:  # type: ignore[override]
         block_h = _default_block_h(key)
-        block_n = _ladder(BLOCK_N_BY_DIM, _p2(key.head_dim))
+        block_n = ladder(BLOCK_N_BY_DIM, _p2(key.head_dim))
         if block_h >= 64:
             block_n = BLOCK_N_WIDE_HEADS
         warps = 8 if block_h >= 64 else 4

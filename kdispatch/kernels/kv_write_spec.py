@@ -19,7 +19,7 @@ from kdispatch.kernels._common import TORCH_DTYPES, dtype_name
 from kdispatch.kernels.kv_write import (BLOCK_H_MAX, MAX_ELEMS_PER_THREAD, MAX_TILE,
                                         MAX_TOKENS_BUCKET, KVWriteConfig, KVWriteKey, Masking,
                                         launch_kv_write, reference_kv_write)
-from kdispatch.registry import NUM_WARPS, OpConfig, OpKey, OpSpec
+from kdispatch.registry import NUM_WARPS, OpConfig, OpKey, OpSpec, ladder
 
 # Tile elements per operand (heads x padded head dim) a fused program copies, by token
 # bucket. H200, 16x128 bf16, 96 graph-replayed writes (bench/results/nvidia-h200/
@@ -33,14 +33,6 @@ _WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (2048, 4), (M
 # Rows per program: 1. Same sweep: 2 or 4 rows never beat 1 (T=64: 2.160 vs 2.156 us;
 # T=16384: 70.24 vs 69.46 us at 8 heads, 8 warps).
 _BLOCK_T = 1
-
-
-def _ladder(table: tuple[tuple[int, int], ...], x: int) -> int:
-    """The value of the first (limit, value) rung with ``x <= limit`` (else the last)."""
-    for limit, value in table:
-        if x <= limit:
-            return value
-    return table[-1][1]
 
 
 def _tensor_arg(args: Mapping[str, Any], name: str) -> torch.Tensor:
@@ -120,12 +112,12 @@ class KVWriteSpec(OpSpec):
 
     def heuristic(self, key: KVWriteKey) -> KVWriteConfig:  # type: ignore[override]
         block_d = triton.next_power_of_2(key.head_dim)
-        per_row = max(1, min(BLOCK_H_MAX, _ladder(_TILE_BY_TOKENS, key.tokens) // block_d))
+        per_row = max(1, min(BLOCK_H_MAX, ladder(_TILE_BY_TOKENS, key.tokens) // block_d))
         block_h = min(per_row, triton.next_power_of_2(key.num_kv_heads))
         block_t = _BLOCK_T
         tile = block_t * block_h * block_d
         return KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
-                             num_warps=_ladder(_WARPS_BY_TILE, tile))
+                             num_warps=ladder(_WARPS_BY_TILE, tile))
 
     def candidates(self, key: KVWriteKey) -> Iterable[KVWriteConfig]:  # type: ignore[override]
         out = []
