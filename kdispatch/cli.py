@@ -391,7 +391,7 @@ def show(device: str | None, op: str | None, db: str | None) -> None:
     with _domain_errors():
         store = _store(db, create=False)
         rows = store.best(device_key=device, op=op)
-        heur = _heuristic_times(store, device)
+        heur = store.heuristic_times(device)
     table = Table(title=f"tuned entries in {store.url}")
     for col in ("op", "device", "key", "config", "best us", "heuristic us", "state"):
         table.add_column(col, overflow="fold")
@@ -406,15 +406,6 @@ def show(device: str | None, op: str | None, db: str | None) -> None:
     console = _console()
     console.print(table)
     console.print(f"{len(rows)} entries", highlight=False)
-
-
-def _heuristic_times(store: Any, device: str | None) -> dict[tuple[str, str, str], float]:
-    out: dict[tuple[str, str, str], float] = {}
-    for m in store.measurements(device_key=device):
-        if m.is_heuristic and m.status == "ok" and m.median_us is not None:
-            k = (m.op, m.key_digest, m.source_hash)
-            out[k] = min(out.get(k, m.median_us), m.median_us)
-    return out
 
 
 def _device_record(store: Any, key: str) -> Any:

@@ -192,7 +192,7 @@ def export_table(store: Any, device: Device, path: Path | str | None = None,
     wanted = set(ops) if ops else None
     hashes: dict[str, str] = {}
     entries = []
-    heuristic_us = _heuristic_times(store, device.key)
+    heuristic_us = store.heuristic_times(device.key)
     for row in store.best(device_key=device.key):
         if wanted is not None and row.op not in wanted:
             continue
@@ -203,7 +203,8 @@ def export_table(store: Any, device: Device, path: Path | str | None = None,
             continue
         entries.append(TableEntry(op=row.op, key=row.key, config=row.config,
                                   source_hash=row.source_hash, median_us=row.median_us,
-                                  heuristic_us=heuristic_us.get((row.op, row.key_digest))))
+                                  heuristic_us=heuristic_us.get(
+                                      (row.op, row.key_digest, row.source_hash))))
     table = TableFile(format_version=TABLE_FORMAT_VERSION, device=device,
                       toolchain=Toolchain(**toolchain_versions()),
                       created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -211,15 +212,6 @@ def export_table(store: Any, device: Device, path: Path | str | None = None,
     if path is not None:
         write_table(table, path)
     return table
-
-
-def _heuristic_times(store: Any, device_key: str) -> dict[tuple[str, str], float]:
-    out: dict[tuple[str, str], float] = {}
-    for m in store.measurements(device_key=device_key):
-        if m.is_heuristic and m.status == "ok" and m.median_us is not None:
-            k = (m.op, m.key_digest)
-            out[k] = min(out.get(k, m.median_us), m.median_us)
-    return out
 
 
 def write_table(table: TableFile, path: Path | str) -> None:

@@ -125,3 +125,14 @@ def test_ci_runs_the_postgresql_tests():
     """CI must exercise PostgreSQL for real, not skip it."""
     assert PG_URL or not os.environ.get("CI"), \
         "CI=true but KDISPATCH_TEST_PG_URL is unset: .ci/postgres did not run"
+
+
+def test_heuristic_times_are_per_source_hash(db_url):
+    store = Store(db_url)
+    store.record(_m({"s": 1}, 9.0, is_heuristic=True))
+    store.record(_m({"s": 1}, 4.0, is_heuristic=True, source_hash="h2"))
+    store.record(_m({"s": 2}, 1.0))  # not the heuristic's
+    kd = digest(KEY)
+    assert store.heuristic_times("nvidia-h200") == {("decode_attention", kd, "h1"): 9.0,
+                                                  ("decode_attention", kd, "h2"): 4.0}
+    assert store.heuristic_times("nvidia-h100") == {}
