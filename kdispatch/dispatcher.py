@@ -31,6 +31,7 @@ from kdispatch.device import Device
 from kdispatch.errors import StrictMissError, short_error, warn_once
 from kdispatch.registry import OpConfig, OpKey, OpSpec, get_op
 from kdispatch.settings import OVERRIDE_ENV, Settings
+from kdispatch.store import Store, canonical_json, digest, read_best_snapshot, sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,6 @@ class Dispatcher:
         return entry
 
     def _chain(self, spec: OpSpec, key: OpKey) -> _Entry:
-        from kdispatch.store import digest
-
         consulted: list[Consulted] = []
         kd = digest(key.model_dump(mode="json"))
         config: OpConfig | None = None
@@ -257,8 +256,6 @@ class Dispatcher:
     def _db_rows(self, device_key: str) -> dict[tuple[str, str], tuple[dict, str]] | None:
         if device_key in self._db:
             return self._db[device_key]
-        from kdispatch.store import read_best_snapshot, sqlite_path
-
         rows: dict[tuple[str, str], tuple[dict, str]] | None = None
         url = self.settings.db_url
         path = sqlite_path(url)
@@ -332,7 +329,6 @@ class Dispatcher:
             s.memo_hits += entry.calls - 1
             s.by_source[entry.source] = s.by_source.get(entry.source, 0) + entry.calls
             if entry.source == "heuristic":
-                from kdispatch.store import canonical_json
                 name = f"{entry.op} {canonical_json(entry.key.model_dump(mode='json'))}"
                 s.misses[name] = s.misses.get(name, 0) + entry.calls
         return s
@@ -362,8 +358,6 @@ class _MissWriter:
         done.wait(timeout)
 
     def _run(self) -> None:
-        from kdispatch.store import Store
-
         store = None
         while True:
             item = self.q.get()
