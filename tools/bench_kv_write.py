@@ -227,6 +227,9 @@ def bench_ouro(sh: Shape, tokens: int, pools, gen, device, args) -> dict[str, An
                            "key": key.model_dump(mode="json"), "provenance": exp.provenance}
     res["indexed"] = measure(steps, SPEC.baseline(key), gen, device, args, full, args.replays)
     res["fused"] = measure(steps, exp.config, gen, device, args, full, args.replays)
+    if exp.config.pdl:  # the same tile launched plainly: what programmatic launch adds
+        res["fused_no_pdl"] = measure(steps, exp.config.model_copy(update={"pdl": False}),
+                                      gen, device, args, full, args.replays)
     if res["indexed"]["correct"] and res["fused"]["correct"]:
         res["speedup"] = res["indexed"]["median_us"] / res["fused"]["median_us"]
     return res
@@ -249,7 +252,10 @@ def bench_bulk(sh: Shape, gen, device, args, copy_gbps: float) -> dict[str, Any]
                            "provenance": exp.provenance, "bytes_per_write": moved}
     full = tuple(range(len(steps)))
     replays = max(10, args.replays // 4)
-    for name, cfg in (("indexed", SPEC.baseline(key)), ("fused", exp.config)):
+    variants = [("indexed", SPEC.baseline(key)), ("fused", exp.config)]
+    if exp.config.pdl:
+        variants.append(("fused_no_pdl", exp.config.model_copy(update={"pdl": False})))
+    for name, cfg in variants:
         m = measure(steps, cfg, gen, device, args, full, replays)
         if m["correct"]:
             m["gbps"] = moved / (m["median_us_per_write"] * 1e3)
@@ -354,8 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(res, indent=2))
 
-    ok = all(r[v]["correct"] for r in res["ouro"] for v in ("indexed", "fused")) and all(
-        res["bulk"][v]["correct"] for v in ("indexed", "fused"))
+    ok = all(r[v]["correct"] for r in res["ouro"] for v in ("indexed", "fused", "fused_no_pdl")
+             if v in r) and all(res["bulk"][v]["correct"] for v in
+                                ("indexed", "fused", "fused_no_pdl") if v in res["bulk"])
     print(f"\nkv_write on {res['device']} (torch {res['torch']}, triton {res['triton']}); "
           f"copy ceiling {copy_gbps:.0f} GB/s; JSON: {out_path}")
     if args.sweep:
@@ -365,12 +372,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sweep T={s['tokens']}: tried {s['tried']}, best {best}; heuristic "
                   f"{s['heuristic']}")
     print(f"{'tokens':>7} | {'indexed us/step [p20-p80]':>27} | {'fused us/step [p20-p80]':>25}"
-          f" | speedup")
+          f" | speedup | {'fused without pdl':>25}")
     for r in res["ouro"]:
         sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
-        print(f"{r['tokens']:>7} | {fmt(r['indexed']):>27} | {fmt(r['fused']):>25} | {sp}")
+        plain = fmt(r["fused_no_pdl"]) if "fused_no_pdl" in r else "-"
+        print(f"{r['tokens']:>7} | {fmt(r['indexed']):>27} | {fmt(r['fused']):>25} | {sp:>7} | "
+              f"{plain:>25}")
     b = res["bulk"]
-    for v in ("indexed", "fused"):
+    for v in ("indexed", "fused", "fused_no_pdl"):
+        if v not in b:
+            continue
         m = b[v]
         if m["correct"]:
             print(f"bulk {b['tokens']} tokens {v:>7}: {m['median_us_per_write']:.1f} us, "

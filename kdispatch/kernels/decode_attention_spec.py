@@ -31,9 +31,11 @@ MAX_CANDIDATES = 60
 #: Split-KV pays only below a few waves; BENCHMARKING.md: GQA batch 64 x 8k (512 programs,
 #: ~3.9 waves of 132 SMs) is ~91% of the read ceiling with or without splits.
 SPLIT_OFF_WAVES = 2.0
-#: waves of programs the split count aims at: 2 gives the tail a second wave to balance
-#: in while keeping per-split fixed cost (q load, partial store + reduce) small.
-TARGET_WAVES = 2
+#: GQA/MHA split count: the one whose programs come nearest PROGRAMS_PER_SM x SMs. H200
+#: sweep (bench/results/nvidia-h200/session4/decode_sweep.json, 64-token tile, 3 stages):
+#: b4 x 262k at 8 splits (256 programs) 99.0% of the read ceiling vs 84.5% at 9 (288);
+#: b8 x 32k at 4 splits (256) 92.9% vs 83.9% at 5 (320); b1 x 8k at 16-33 splits 40-41%.
+GQA_PROGRAMS_PER_SM = 2
 #: minimum BLOCK_N tiles per split, by context bucket: a split's fixed cost is about one
 #: to two tiles (q load, partial store, reduce read), so <4 tiles wastes most of it.
 MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
@@ -50,10 +52,12 @@ LATENT_PROGRAMS_PER_SM_WIDE = 1
 #: minimum tiles per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles)
 #: 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3
 LATENT_MIN_TILES_PER_SPLIT = 16
-#: BLOCK_N by padded q/k head dim. H200 v1 (docs/decode_notes.md): GQA D=128 at 128 tokens
-#: is 18-22% faster than 64 (b1 x 131k: 147 vs 178 us; b4 x 262k: 1026 vs 1250 us); the
-#: 576-wide MLA tile is fastest at 32 tokens (kimi b8 x 327,600: 951 vs 1366 us at 64).
-BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 128), (256, 64), (1 << 20, 32))
+#: BLOCK_N by padded q/k head dim. H200 session-4 sweep: GQA D=128 at 64 tokens with a
+#: 3-deep pipeline beats 128 tokens at 2 stages at every split count's best (b4 x 262k:
+#: 99.0% vs 97.6%; b8 x 32k: 92.9% vs 91.0%; b1 x 8k: 41.1% vs 37.6%); (at 2 stages 128
+#: tokens had won, docs/decode_notes.md v1). The 576-wide MLA tile is fastest at 32 tokens
+#: (kimi b8 x 327,600: 951 vs 1366 us at 64).
+BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((256, 64), (1 << 20, 32))
 #: BLOCK_N for wide MLA head blocks (block_h >= 64): 128 heads at 64 tokens beat 32
 #: (H200 v1: 848 vs 1174 us at batch 32 x 16k).
 BLOCK_N_WIDE_HEADS = 64
@@ -166,7 +170,7 @@ def _split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
         splits = max(1, per_sm * key.cu_count // base)
         min_tokens = LATENT_MIN_TILES_PER_SPLIT * block_n
     else:
-        splits = _cdiv(TARGET_WAVES * key.cu_count, base)
+        splits = max(1, round(GQA_PROGRAMS_PER_SM * key.cu_count / base))
         min_tokens = ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
     splits = min(splits, max(1, key.context // min_tokens), _max_splits_for_budget(key))
     return max(1, splits)
@@ -239,9 +243,9 @@ class DecodeSpec(OpSpec):
         if block_h >= 64:
             block_n = BLOCK_N_WIDE_HEADS
         warps = 8 if block_h >= 64 else 4
-        # H200 v2: the 32-token MLA tile wants a 3-deep pipeline (kimi b8 x 327,600:
-        # 830 vs 993 us; b8 x 65,536: 188 vs 230 us); GQA's 128-token tile is best at 2.
-        stages = 3 if block_n <= 32 and block_h < 64 else 2
+        # H200: a 3-deep pipeline for the 32-token MLA tile (v2: kimi b8 x 327,600: 830 vs
+        # 993 us) and the 64-token GQA tile (session 4: b8 x 32k 92.9% vs 70.4% at 2)
+        stages = 3 if block_n <= 64 and block_h < 64 else 2
         cfg = DecodeConfig(num_kv_splits=_split_count(key, block_h, block_n), block_n=block_n,
                            block_h=block_h, num_warps=warps, num_stages=stages)
         while not self.is_valid(key, cfg) and cfg.block_n > 16:

@@ -17,12 +17,19 @@ Variants (the config's ``variant``):
   masked and active-row forms through constexpr flags. Addresses are 64-bit, so a cache
   may exceed 2^31 elements.
 
+With ``pdl`` (NVIDIA sm_90+), the fused writer is launched as a programmatic dependent
+launch: it may be scheduled before the previous kernel on the stream has finished, waits
+for it (``griddepcontrol.wait``) before its first memory access, and lets the next kernel
+launch as early. In a CUDA graph of back-to-back layer writes that hides most of each
+kernel's launch latency; ordering and memory visibility are those of a plain launch.
+
 File order: kernel, launcher, fp32 reference, key and config models. The dispatch spec
 (memo key, heuristic, candidates, tuner hooks) lives in :mod:`kdispatch.kernels.kv_write_spec`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import torch
@@ -34,6 +41,7 @@ from kdispatch.kernels._common import (
     TORCH_DTYPES,
     check_runnable,
     check_tensor,
+    interpreting,
 )
 from kdispatch.registry import OpConfig, OpKey, check_pow2
 
@@ -55,14 +63,18 @@ def _kv_write_kernel(
     stride_slot, stride_mask,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_ACTIVE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """One program copies BLOCK_T rows x BLOCK_H heads of K and of V into the cache.
 
     The (row, head) pairs are flattened into the first tile axis, the head dim is the
     second (contiguous) one. K/V are loaded without waiting for the slot, so the slot and
-    data loads overlap; only the stores depend on the slot.
+    data loads overlap; only the stores depend on the slot. With ``USE_PDL`` it waits for
+    the previous grid before touching memory and then lets the next grid launch.
     """
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     r = tl.arange(0, BLOCK_T * BLOCK_H)
@@ -144,6 +156,14 @@ def _check_inputs(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_m
                              f"{tuple(active_rows.shape)}")
 
 
+@functools.lru_cache(maxsize=None)
+def supports_pdl(device: torch.device) -> bool:
+    """True for a CUDA device of compute capability 9.0+ outside the interpreter."""
+    if device.type != "cuda" or interpreting() or torch.version.hip:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _indexed_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                    value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """The baseline: one torch indexed assignment for K and one for V (slots must be >= 0)."""
@@ -204,6 +224,12 @@ def launch_kv_write(config: KVWriteConfig, key: torch.Tensor, value: torch.Tenso
     # Unused pointers get a harmless stand-in; the constexpr flags keep them unread.
     mask_arg = row_mask.view(torch.uint8) if row_mask is not None else slot_mapping
     active_arg = active_rows if active_rows is not None else slot_mapping
+    pdl_kw = {}
+    if config.pdl:
+        if not supports_pdl(key.device):
+            raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 "
+                             f"or newer; {key.device} has none")
+        pdl_kw["launch_pdl"] = True
     block_d = triton.next_power_of_2(head_dim)
     grid = (triton.cdiv(num_tokens, config.block_t), triton.cdiv(num_heads, config.block_h))
     _kv_write_kernel[grid](
@@ -216,7 +242,7 @@ def launch_kv_write(config: KVWriteConfig, key: torch.Tensor, value: torch.Tenso
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, PAGE_SIZE=key_cache.shape[1],
         BLOCK_T=config.block_t, BLOCK_H=config.block_h, BLOCK_D=block_d,
         HAS_MASK=row_mask is not None, HAS_ACTIVE=active_rows is not None,
-        num_warps=config.num_warps,
+        USE_PDL=config.pdl, num_warps=config.num_warps, **pdl_kw,
     )
 
 
@@ -306,11 +332,14 @@ class KVWriteConfig(OpConfig):
         Token rows per fused program (power of two, 1..64).
     num_warps : int
         Warps per fused program.
+    pdl : bool
+        Launch the fused writer as a programmatic dependent launch (NVIDIA sm_90+ only).
     """
 
     variant: Variant = "fused"
     block_h: int = 1
     block_t: int = 1
+    pdl: bool = False
 
     @field_validator("block_h")
     @classmethod

@@ -35,6 +35,11 @@ _WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (2048, 4), (M
 _BLOCK_T = 1
 
 
+def pdl_capable(key: KVWriteKey) -> bool:
+    """Programmatic dependent launch exists on NVIDIA sm_90 and newer."""
+    return key.vendor == "nvidia" and key.arch.startswith("sm_") and int(key.arch[3:]) >= 90
+
+
 def _tensor_arg(args: Mapping[str, Any], name: str) -> torch.Tensor:
     t = args.get(name)
     if not isinstance(t, torch.Tensor):
@@ -116,24 +121,32 @@ class KVWriteSpec(OpSpec):
         block_h = min(per_row, triton.next_power_of_2(key.num_kv_heads))
         block_t = _BLOCK_T
         tile = block_t * block_h * block_d
+        # pdl: back-to-back writes (one per layer) overlap their launch latency
         return KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
-                             num_warps=ladder(_WARPS_BY_TILE, tile))
+                             num_warps=ladder(_WARPS_BY_TILE, tile), pdl=pdl_capable(key))
 
     def candidates(self, key: KVWriteKey) -> Iterable[KVWriteConfig]:  # type: ignore[override]
+        # with pdl available every tile is tried with it, and the heuristic's tile without
+        # (first, so a capped sweep keeps the comparison)
+        pdl = pdl_capable(key)
         out = []
         for block_h in (1, 2, 4, 8, 16, 32, 64):
             for block_t in (1, 2, 4, 8):
                 for num_warps in NUM_WARPS:
                     cfg = KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
-                                        num_warps=num_warps)
+                                        num_warps=num_warps, pdl=pdl)
                     if self.is_valid(key, cfg):
                         out.append(cfg)
+        if pdl:
+            out.insert(0, self.heuristic(key).model_copy(update={"pdl": False}))
         return out
 
     def is_valid(self, key: KVWriteKey, config: KVWriteConfig) -> bool:  # type: ignore[override]
         if config.variant == "indexed":
             # Skipping rows by mask or active count would need a host sync: never allowed.
-            return key.masking == "none"
+            return key.masking == "none" and not config.pdl
+        if config.pdl and not pdl_capable(key):
+            return False
         if config.block_h > triton.next_power_of_2(key.num_kv_heads):
             return False
         if config.block_t > key.tokens:

@@ -197,3 +197,38 @@ def test_cache_over_2_pow_31_elements():
     assert torch.equal(key_cache, expect_k)
     assert torch.equal(value_cache, expect_v)
     assert torch.equal(key_cache[-1, -1], key[0]) and torch.equal(value_cache[-1, -1], value[0])
+
+
+def test_pdl_chain_sees_each_previous_write():
+    """96 pdl writes in one graph, each reading what the one before wrote (its source is a
+    view of the previous cache's rows): a write that started before its predecessor had
+    finished would copy stale rows. The graph is replayed with new first-step values."""
+    from kdispatch.kernels.kv_write import supports_pdl
+
+    assert supports_pdl(torch.device("cuda")), "the GPU tests run on sm_90+"
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    steps, tokens, heads, dim, page, blocks = 96, 8, 16, 128, 16, 4
+    caches = [(_rand_(torch.empty(blocks, page, heads, dim, dtype=torch.bfloat16,
+                                  device="cuda"), gen),
+               _rand_(torch.empty(blocks, page, heads, dim, dtype=torch.bfloat16,
+                                  device="cuda"), gen)) for _ in range(steps)]
+    src_k = _rand_(torch.empty(tokens, heads, dim, dtype=torch.bfloat16, device="cuda"), gen)
+    src_v = _rand_(torch.empty_like(src_k), gen)
+    slots = torch.arange(tokens, device="cuda")  # rows 0..7 of block 0 in every cache
+    cfg = KVWriteConfig(variant="fused", block_h=4, block_t=1, num_warps=4, pdl=True)
+
+    def chain():
+        k, v = src_k, src_v
+        for kc, vc in caches:
+            kdispatch.write_kv(k, v, kc, vc, slots, config=cfg)
+            k, v = kc[0, :tokens], vc[0, :tokens]  # the next write reads these rows
+
+    graph = _capture(chain)
+    for step in range(3):
+        _rand_(src_k, gen)
+        _rand_(src_v, gen)
+        graph.replay()
+        torch.cuda.synchronize()
+        for i in (0, steps // 2, steps - 1):
+            assert torch.equal(caches[i][0][0, :tokens], src_k), (step, i)
+            assert torch.equal(caches[i][1][0, :tokens], src_v), (step, i)

@@ -264,3 +264,16 @@ def test_indexed_with_masking_is_rejected(dev):
         kdispatch.write_kv(**case, row_mask=mask, config={"variant": "indexed"})
     with pytest.raises(ValueError, match="^config:"):
         launch_kv_write({"variant": "fused"}, **case)
+
+
+def test_pdl_config_runs_where_supported_and_is_refused_elsewhere(dev):
+    """pdl=True: identical pools on an sm_90+ GPU; a ValueError naming config elsewhere."""
+    from kdispatch.kernels.kv_write import supports_pdl
+
+    case = make_case(dev, tokens=17, seed=5, negative=2, first_last=True)
+    cfg = KVWriteConfig(variant="fused", block_h=2, block_t=1, num_warps=2, pdl=True)
+    if supports_pdl(case["key"].device):
+        check_write(cfg, case)
+    else:
+        with pytest.raises(ValueError, match="^config: pdl=True needs"):
+            launch_kv_write(cfg, **case)

@@ -239,9 +239,32 @@ def test_heuristic_is_fused_and_always_valid():
 def test_heuristic_for_ouro_decode():
     # the H200 sweep's best configs (bench/results/nvidia-h200/kv_write.json)
     assert SPEC.heuristic(mkkey(tokens=1)) == KVWriteConfig(variant="fused", block_h=4,
-                                                             block_t=1, num_warps=4)
+                                                             block_t=1, num_warps=4, pdl=True)
     assert SPEC.heuristic(mkkey(tokens=64)) == KVWriteConfig(variant="fused", block_h=16,
-                                                              block_t=1, num_warps=4)
+                                                              block_t=1, num_warps=4, pdl=True)
+
+
+@pytest.mark.parametrize("device,pdl", [("nvidia-h200", True), ("nvidia-h100", True),
+                                        ("nvidia-rtx-5090", True), ("nvidia-a100", False),
+                                        ("amd-mi300x", False), ("cpu-interpreter", False)])
+def test_pdl_only_where_the_device_has_it(device, pdl):
+    dev = Device.interpreter() if device == "cpu-interpreter" else Device.from_key(device)
+    key = KVWriteKey(**OpKey.device_fields(dev), dtype="bfloat16", num_kv_heads=16,
+                     head_dim=128, page_size=16, tokens=1)
+    assert SPEC.heuristic(key).pdl is pdl
+    with_pdl = SPEC.heuristic(key).model_copy(update={"pdl": True})
+    assert SPEC.is_valid(key, with_pdl) is pdl
+    cands = list(SPEC.candidates(key))
+    assert all(SPEC.is_valid(key, c) for c in cands)
+    if pdl:  # every tile with pdl, and the heuristic's tile without it (first)
+        assert cands[0] == SPEC.heuristic(key).model_copy(update={"pdl": False})
+        assert all(c.pdl for c in cands[1:])
+    else:
+        assert not any(c.pdl for c in cands)
+
+
+def test_indexed_with_pdl_is_invalid():
+    assert not SPEC.is_valid(mkkey(), KVWriteConfig(variant="indexed", pdl=True))
 
 
 def test_heuristic_does_not_depend_on_masking():
