@@ -47,13 +47,18 @@ def rows(store: Store, device: str, ceilings: dict, min_run: int = 0,
     out = []
     for (op, _), ms in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[1][0].id)):
         spec = get_op(op)
+        ms = [m for m in ms if m.source_hash == spec.source_hash()]  # today's kernels only
+        if not ms:
+            continue
         key = spec.parse_key(json.loads(ms[0].key_json))
         ok = [m for m in ms if m.status == "ok" and m.verified and m.median_us is not None]
         if not ok:
             continue
         tuned = min((m for m in ok if not m.is_baseline), key=lambda m: (m.median_us, m.id),
                     default=None)
-        heur = next((m for m in ok if m.is_heuristic), None)
+        # today's heuristic (a database may hold the configs of an older heuristic too)
+        heur_d = digest(spec.heuristic(key).model_dump(mode="json"))
+        heur = next((m for m in ok if m.config_digest == heur_d), None)
         base_cfg = spec.baseline(key)
         base_d = digest(base_cfg.model_dump(mode="json")) if base_cfg is not None else None
         base = next((m for m in ok if m.config_digest == base_d), None)

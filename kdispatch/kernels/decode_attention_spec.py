@@ -243,11 +243,18 @@ class DecodeSpec(OpSpec):
         if block_h >= 64:
             block_n = BLOCK_N_WIDE_HEADS
         warps = 8 if block_h >= 64 else 4
+        splits = _split_count(key, block_h, block_n)
         # H200: a 3-deep pipeline for the 32-token MLA tile (v2: kimi b8 x 327,600: 830 vs
-        # 993 us) and the 64-token GQA tile (session 4: b8 x 32k 92.9% vs 70.4% at 2)
-        stages = 3 if block_n <= 64 and block_h < 64 else 2
-        cfg = DecodeConfig(num_kv_splits=_split_count(key, block_h, block_n), block_n=block_n,
-                           block_h=block_h, num_warps=warps, num_stages=stages)
+        # 993 us) and for the 64-token GQA tile of a split grid of ~2 programs per SM
+        # (session 4: b8 x 32k 92.9% vs 70.4% at 2 stages); an unsplit GQA grid is several
+        # waves deep and wants the smaller footprint of 2 stages (session 4 tuning, b64:
+        # 98-100% vs 79-81% at 3 stages; huginn b8: 76% vs 62%)
+        if key.latent:
+            stages = 3 if block_n <= 32 and block_h < 64 else 2
+        else:
+            stages = 3 if splits > 1 else 2
+        cfg = DecodeConfig(num_kv_splits=splits, block_n=block_n, block_h=block_h,
+                           num_warps=warps, num_stages=stages)
         while not self.is_valid(key, cfg) and cfg.block_n > 16:
             cfg = cfg.model_copy(update={"block_n": cfg.block_n // 2})
         return cfg

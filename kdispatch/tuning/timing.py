@@ -182,11 +182,43 @@ def _reps_for(sample_us: float, reps: int | None) -> int:
     return int(min(MAX_REPS, max(MIN_REPS, TARGET_TOTAL_MS * 1e3 / max(sample_us, 1e-3))))
 
 
-def _time_graph(fns: list[Callable[[], Any]], per_call_us: float, reps: int | None) -> Timing:
+def _capture(fns: list[Callable[[], Any]], calls: int) -> Any:
     import torch
 
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _replay_us(graph: Any) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def _calls_for(per_call_us: float, n_fns: int) -> int:
     calls = int(min(MAX_CALLS_PER_GRAPH, max(1, math.ceil(GRAPH_TARGET_US / per_call_us))))
-    calls = max(calls, len(fns))  # every input set appears in the graph
+    return max(calls, n_fns)  # every input set appears in the graph
+
+
+def _time_graph(fns: list[Callable[[], Any]], per_call_us: float, reps: int | None) -> Timing:
+    """Replays of a graph of ``calls`` calls lasting about GRAPH_TARGET_US.
+
+    ``per_call_us`` comes from eager calls, which include the host's launch cost; for a
+    launch-bound op that is many times the GPU time, so the graph is sized again from one
+    timed replay (otherwise a replay's own launch latency is spread over too few calls).
+    """
+    import torch
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # one more eager round on the capture stream
@@ -194,12 +226,14 @@ def _time_graph(fns: list[Callable[[], Any]], per_call_us: float, reps: int | No
             f()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    graph.replay()
-    torch.cuda.synchronize()
+    calls = _calls_for(per_call_us, len(fns))
+    graph = _capture(fns, calls)
+    gpu_us = _replay_us(graph) / calls
+    if calls < MAX_CALLS_PER_GRAPH and _calls_for(gpu_us, len(fns)) > calls:
+        del graph
+        calls = _calls_for(gpu_us, len(fns))
+        graph = _capture(fns, calls)
+        per_call_us = gpu_us
     n = _reps_for(per_call_us * calls, reps)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(n)]

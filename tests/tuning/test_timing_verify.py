@@ -57,6 +57,23 @@ def test_time_call_gpu_graph_replays_and_eager_fallback():
     assert t.method == "cuda-events" and t.median_us > 0
 
 
+@pytest.mark.gpu
+def test_launch_bound_op_fills_the_graph():
+    """A ~2 us kernel whose eager calls cost the host far more: the graph is sized from
+    the GPU time of one replay, so it holds the most calls and a replay's own launch
+    latency is spread over all of them."""
+    from kdispatch.tuning.timing import MAX_CALLS_PER_GRAPH
+
+    x = torch.randn(4, device="cuda")
+
+    def slow_host_tiny_kernel():
+        sum(range(20000))  # ~100+ us of host work per eager call
+        torch.neg(x, out=x)  # stays finite however often it is replayed
+    t = time_call(slow_host_tiny_kernel, "cuda")
+    assert t.method == "cuda-graph" and t.calls_per_sample == MAX_CALLS_PER_GRAPH
+    assert t.median_us < 10
+
+
 class _Spec:
     """Minimal spec for verify(): run() does whatever the test injects."""
 

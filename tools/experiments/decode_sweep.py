@@ -54,11 +54,32 @@ def grid(key, sms: int) -> list[DecodeConfig]:
     return out
 
 
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+def reduce_share(cfg: DecodeConfig, sets: list[dict]) -> dict:
+    """Times of the heuristic config: the whole op, and stage 1 alone (reduce skipped)."""
+    import kdispatch.kernels.decode_attention as da
+
+    full = time_config(cfg, sets)[0]
+    reduce_kernel = da._decode_reduce
+    da._decode_reduce = _NoLaunch()
+    try:
+        stage1 = time_config(cfg, sets)[0]
+    finally:
+        da._decode_reduce = reduce_kernel
+    return {"config": cfg.model_dump(), "full_us": full, "stage1_us": stage1}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", required=True, help="comma-separated name substrings")
     ap.add_argument("--budget", type=float, default=240.0, help="seconds in all")
     ap.add_argument("--out", default="decode_sweep.json")
+    ap.add_argument("--reduce-share", action="store_true",
+                    help="only time the heuristic with and without its reduce kernel")
     args = ap.parse_args()
     t0 = time.time()
     dev = Device.from_torch("cuda")
@@ -76,6 +97,11 @@ def main() -> None:
         ref = reference_decode_attention(**sets[0])
         atol, rtol = SPEC.tolerance(key)
         rows = []
+        if args.reduce_share:
+            result["shapes"][s.name] = reduce_share(SPEC.heuristic(key), sets)
+            print(s.name, result["shapes"][s.name], flush=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+            continue
         for cfg in grid(key, dev.cu_count):
             if time.time() > deadline:
                 break
