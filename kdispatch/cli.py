@@ -387,11 +387,12 @@ def show(device: str | None, op: str | None, db: str | None) -> None:
       kdispatch show --device nvidia-h200 --op decode_attention
     """
     from kdispatch.registry import get_op
+    from kdispatch.tables import heuristic_time
 
     with _domain_errors():
         store = _store(db, create=False)
         rows = store.best(device_key=device, op=op)
-        heur = store.heuristic_times(device)
+        times = store.config_times(device)
     table = Table(title=f"tuned entries in {store.url}")
     for col in ("op", "device", "key", "config", "best us", "heuristic us", "state"):
         table.add_column(col, overflow="fold")
@@ -401,8 +402,7 @@ def show(device: str | None, op: str | None, db: str | None) -> None:
         except ValueError:
             state = "unknown op"
         table.add_row(r.op, r.device_key, _compact(_shape_fields(r.key)), _compact(r.config),
-                      _us(r.median_us), _us(heur.get((r.op, r.key_digest, r.source_hash))),
-                      state)
+                      _us(r.median_us), _us(heuristic_time(times, r)), state)
     console = _console()
     console.print(table)
     console.print(f"{len(rows)} entries", highlight=False)

@@ -359,18 +359,19 @@ class Store:
                                       triton_version=m.triton_version)
         return sorted(best.values(), key=lambda r: (r.op, r.device_key, r.key_digest))
 
-    def heuristic_times(self, device_key: str | None = None,
-                        ) -> dict[tuple[str, str, str], float]:
-        """Fastest verified time of the heuristic's config per (op, key digest, source hash)."""
+    def config_times(self, device_key: str | None = None,
+                     ) -> dict[tuple[str, str, str, str], float]:
+        """Fastest verified time per (op, key digest, source hash, config digest)."""
         q = select(Measurement.op, Measurement.key_digest, Measurement.source_hash,
-                   func.min(Measurement.median_us)).where(
-            Measurement.is_heuristic.is_(True), Measurement.status == "ok",
+                   Measurement.config_digest, func.min(Measurement.median_us)).where(
+            Measurement.status == "ok", Measurement.verified.is_(True),
             Measurement.median_us.is_not(None)).group_by(
-            Measurement.op, Measurement.key_digest, Measurement.source_hash)
+            Measurement.op, Measurement.key_digest, Measurement.source_hash,
+            Measurement.config_digest)
         if device_key:
             q = q.where(Measurement.device_key == device_key)
         with Session(self.engine) as s:
-            return {(op, kd, sh): us for op, kd, sh, us in s.execute(q)}
+            return {(op, kd, sh, cd): us for op, kd, sh, cd, us in s.execute(q)}
 
     def counts(self) -> dict[str, int]:
         with Session(self.engine) as s:

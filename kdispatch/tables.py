@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,26 @@ def load_for_dispatch(path: Path, device_key: str,
 
 
 # -- export / import / merge ------------------------------------------------------------------
+def heuristic_time(times: Mapping[tuple[str, str, str, str], float], row: Any) -> float | None:
+    """The measured time of today's heuristic config for a best row's key, if measured.
+
+    ``times`` is :meth:`Store.config_times`; a database may also hold the configs an older
+    heuristic chose, which say nothing about today's.
+    """
+    from kdispatch.registry import get_op, op_names
+    from kdispatch.store import digest
+
+    if row.op not in op_names():
+        return None
+    spec = get_op(row.op)
+    try:
+        cfg = spec.heuristic(spec.parse_key(row.key))
+    except ValueError:
+        return None
+    return times.get((row.op, row.key_digest, row.source_hash,
+                      digest(cfg.model_dump(mode="json"))))
+
+
 def export_table(store: Any, device: Device, path: Path | str | None = None,
                  ops: Iterable[str] | None = None) -> TableFile:
     """The best verified row per key for ``device`` as a table (written to ``path`` if given).
@@ -192,7 +213,8 @@ def export_table(store: Any, device: Device, path: Path | str | None = None,
     wanted = set(ops) if ops else None
     hashes: dict[str, str] = {}
     entries = []
-    heuristic_us = store.heuristic_times(device.key)
+    versions: Counter[tuple[str, str]] = Counter()
+    times = store.config_times(device.key)
     for row in store.best(device_key=device.key):
         if wanted is not None and row.op not in wanted:
             continue
@@ -201,12 +223,15 @@ def export_table(store: Any, device: Device, path: Path | str | None = None,
         current = hashes.setdefault(row.op, get_op(row.op).source_hash())
         if row.source_hash != current:
             continue
+        versions[(row.torch_version, row.triton_version)] += 1
         entries.append(TableEntry(op=row.op, key=row.key, config=row.config,
                                   source_hash=row.source_hash, median_us=row.median_us,
-                                  heuristic_us=heuristic_us.get(
-                                      (row.op, row.key_digest, row.source_hash))))
+                                  heuristic_us=heuristic_time(times, row)))
+    toolchain = toolchain_versions()  # the tuner's torch/triton, not the exporting host's
+    if versions:
+        toolchain["torch"], toolchain["triton"] = versions.most_common(1)[0][0]
     table = TableFile(format_version=TABLE_FORMAT_VERSION, device=device,
-                      toolchain=Toolchain(**toolchain_versions()),
+                      toolchain=Toolchain(**toolchain),
                       created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                       source_hashes=hashes, entries=entries)
     if path is not None:

@@ -127,12 +127,17 @@ def test_ci_runs_the_postgresql_tests():
         "CI=true but KDISPATCH_TEST_PG_URL is unset: .ci/postgres did not run"
 
 
-def test_heuristic_times_are_per_source_hash(db_url):
+def test_config_times_per_source_hash_and_config(db_url):
     store = Store(db_url)
     store.record(_m({"s": 1}, 9.0, is_heuristic=True))
-    store.record(_m({"s": 1}, 4.0, is_heuristic=True, source_hash="h2"))
-    store.record(_m({"s": 2}, 1.0))  # not the heuristic's
+    other = Store(db_url, toolchain={"kdispatch": "0", "torch": "other", "triton": "other"})
+    assert other.record(_m({"s": 1}, 7.0))  # measured again by another toolchain: fastest
+    store.record(_m({"s": 1}, 4.0, source_hash="h2"))
+    store.record(_m({"s": 2}, 1.0))
+    store.record(_m({"s": 3}, 0.5, status="rejected", verified=False))
     kd = digest(KEY)
-    assert store.heuristic_times("nvidia-h200") == {("decode_attention", kd, "h1"): 9.0,
-                                                  ("decode_attention", kd, "h2"): 4.0}
-    assert store.heuristic_times("nvidia-h100") == {}
+    assert store.config_times("nvidia-h200") == {
+        ("decode_attention", kd, "h1", digest({"s": 1})): 7.0,
+        ("decode_attention", kd, "h2", digest({"s": 1})): 4.0,
+        ("decode_attention", kd, "h1", digest({"s": 2})): 1.0}
+    assert store.config_times("nvidia-h100") == {}

@@ -49,7 +49,9 @@ def test_export_import_round_trip(tmp_path, db_url):
     t = export_table(store, DEV, path)
     assert {(e.key["n"], e.config["block"], e.median_us) for e in t.entries} == {
         (1024, 64, 2.0), (16, 16, 1.0)}
-    assert next(e for e in t.entries if e.key["n"] == 1024).heuristic_us == 3.0
+    # today's heuristic for n=1024 is block 64 (the best itself); the row flagged as the
+    # heuristic (block 16) was another heuristic's choice and says nothing about it
+    assert next(e for e in t.entries if e.key["n"] == 1024).heuristic_us == 2.0
     back = read_table(path)
     assert back == t and back.device == DEV and back.toolchain.torch == toolchain_versions()["torch"]
 
@@ -58,6 +60,21 @@ def test_export_import_round_trip(tmp_path, db_url):
     assert (inserted, rejected) == (2, [])
     assert {(b.key["n"], b.config["block"]) for b in other.best()} == {(1024, 64), (16, 16)}
     assert import_table(path, other) == (0, [])  # idempotent
+
+
+def test_export_records_the_tuners_toolchain_and_todays_heuristic(db_url):
+    tuner = {"kdispatch": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0"}
+    store = Store(db_url, toolchain=tuner)
+    for cfg, us, flagged in (({"block": 256, "num_warps": 4}, 1.0, False),
+                             ({"block": 64, "num_warps": 4}, 2.5, False),
+                             ({"block": 16, "num_warps": 2}, 9.0, True)):
+        store.record(MeasurementIn(op="fake_scale", key=key(1000), config=cfg,
+                                   source_hash="fake0001", status="ok", verified=True,
+                                   median_us=us, is_heuristic=flagged))
+    t = export_table(store, DEV)
+    assert (t.toolchain.torch, t.toolchain.triton) == ("2.11.0+cu130", "3.6.0")
+    (e,) = t.entries
+    assert (e.config["block"], e.median_us, e.heuristic_us) == (256, 1.0, 2.5)
 
 
 def test_merge_keeps_fastest_and_reports_conflicts():

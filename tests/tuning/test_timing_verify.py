@@ -64,7 +64,8 @@ def test_launch_bound_op_fills_the_graph():
     latency is spread over all of them."""
     from kdispatch.tuning.timing import MAX_CALLS_PER_GRAPH
 
-    x = torch.randn(4, device="cuda")
+    # no RNG: an earlier test's failed capture may leave the CUDA generator mid-capture
+    x = torch.arange(1.0, 5.0, device="cuda")
 
     def slow_host_tiny_kernel():
         sum(range(20000))  # ~100+ us of host work per eager call
