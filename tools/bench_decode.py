@@ -172,7 +172,9 @@ def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[R
     heur = SPEC.heuristic(key)
     base = SPEC.baseline(key)
     cands = list(SPEC.candidates(key))[:max_cands]
-    for must in (heur, base):
+    early = heur.model_copy(update={"pdl": True})  # the reduce launched early (pdl)
+    early = early if SPEC.is_valid(key, early) else heur
+    for must in (heur, base, early):
         if must not in cands:
             cands.append(must)
     nbytes = live_bytes(s)
@@ -194,7 +196,8 @@ def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[R
     rows = []
     ok = {c: r[1] for c, r in results.items() if r[0] == "ok"}
     best = min(ok, key=lambda c: ok[c][0]) if ok else None
-    for label, cfg in (("splits=1", base), ("heuristic", heur), ("sweep-best", best)):
+    for label, cfg in (("splits=1", base), ("heuristic", heur), ("heuristic-pdl", early),
+                       ("sweep-best", best)):
         if cfg is None or cfg not in ok:
             status = results.get(cfg, ("missing",))[0] if cfg is not None else "none"
             rows.append(Row(s.name, label, cfg.model_dump() if cfg else {}, float("nan"),
@@ -255,16 +258,18 @@ def write(path, dev, ceiling, skipped, rows) -> None:
 
 
 def table(rows) -> None:
-    print(f"{'shape':36s} {'split1':>14s} {'heuristic':>14s} {'best':>14s} {'h/best':>6s}")
+    print(f"{'shape':36s} {'split1':>14s} {'heuristic':>14s} {'with pdl':>14s} {'best':>14s} "
+          f"{'h/best':>6s}")
     by = {}
     for r in rows:
         by.setdefault(r.shape, {})[r.label] = r
     for name, d in by.items():
         cells = [f"{d[k].us:7.1f}us {d[k].pct_ceiling:4.0f}%" for k in
-                 ("splits=1", "heuristic", "sweep-best")]
+                 ("splits=1", "heuristic", "heuristic-pdl", "sweep-best")]
         ratio = d["heuristic"].us / d["sweep-best"].us
         tf = f" {d['sweep-best'].tflops:.0f}TF" if d["sweep-best"].tflops else ""
-        print(f"{name:36s} {cells[0]:>14s} {cells[1]:>14s} {cells[2]:>14s} {ratio:6.2f}{tf}")
+        print(f"{name:36s} {cells[0]:>14s} {cells[1]:>14s} {cells[2]:>14s} {cells[3]:>14s} "
+              f"{ratio:6.2f}{tf}")
 
 
 if __name__ == "__main__":

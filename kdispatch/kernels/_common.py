@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -66,3 +67,18 @@ def check_runnable(name: str, t: torch.Tensor) -> None:
                          "TRITON_INTERPRET=1 before kdispatch's kernels are imported")
     if t.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: unsupported device {t.device}")
+
+
+@functools.lru_cache(maxsize=None)
+def supports_pdl(device: torch.device) -> bool:
+    """True for a CUDA device of compute capability 9.0+ outside the interpreter
+    (programmatic dependent launch: ``griddepcontrol`` and the launch attribute)."""
+    if device.type != "cuda" or interpreting() or torch.version.hip:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def pdl_capable(key: Any) -> bool:
+    """The same question for a dispatch key's device fields (NVIDIA sm_90 and newer)."""
+    arch = key.arch
+    return key.vendor == "nvidia" and arch.startswith("sm_") and int(arch[3:]) >= 90

@@ -23,6 +23,11 @@ Kernels
 ``_decode_reduce``
     One program per (q head, Dv block, request): merges the non-empty splits' partials.
 
+With ``USE_PDL`` (config ``pdl``, NVIDIA sm_90+, split counts > 1) the reduce is a
+programmatic dependent launch: stage 1 lets it launch at once, and it reads the request's
+length and sets up before ``griddepcontrol.wait``, which returns once stage 1 has finished
+and its partials are visible; so the reduce's launch latency hides under stage 1's tail.
+
 Split boundaries depend only on the request's own live length and the config
 (``chunk = ceil(ceil(live / S) / BLOCK_N) * BLOCK_N`` tokens per split, aligned to BLOCK_N),
 so a request's bits do not depend on what it is batched with; trailing splits of a short
@@ -38,7 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kdispatch.kernels._common import check_runnable, check_tensor, interpreting
+from kdispatch.kernels._common import (check_runnable, check_tensor, interpreting,
+                                       supports_pdl)
 
 LOG2E = 1.4426950408889634
 #: splits merged per iteration of the reduce
@@ -63,8 +69,10 @@ def _decode_stage1(
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
     SHARED_KV: tl.constexpr, SLIDING: tl.constexpr, LOGIT_CAP: tl.constexpr,
-    UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
+        tl.extra.cuda.gdc_launch_dependents()
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2)
@@ -178,7 +186,7 @@ def _decode_stage1_latent(
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
     SLIDING: tl.constexpr, LOGIT_CAP: tl.constexpr,
-    UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Stage 1 for a shared latent (``SHARED_KV``) with ``DV == BLOCK_D``: the latent as halves.
 
@@ -189,6 +197,8 @@ def _decode_stage1_latent(
     v3): 10% faster than the single 512-wide tile at kimi b8 x 327,600 (715 vs 798 us).
     """
     HALF: tl.constexpr = BLOCK_D // 2
+    if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
+        tl.extra.cuda.gdc_launch_dependents()
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2)
@@ -294,7 +304,7 @@ def _decode_reduce(
     stride_ob, stride_oh,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-    SLIDING: tl.constexpr,
+    SLIDING: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     h = tl.program_id(0)
     d_blk = tl.program_id(1)
@@ -306,6 +316,8 @@ def _decode_reduce(
     live = seq_len - lo
     chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
     n_valid = tl.cdiv(live, chunk)  # splits that hold tokens; the rest were never written
+    if USE_PDL:  # seq_lens predate stage 1; its partials are readable after the wait
+        tl.extra.cuda.gdc_wait()
 
     pl = PL + b * stride_plb + h * stride_plh
     offs_s = tl.arange(0, SPLITS_P2)
@@ -404,7 +416,7 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     Parameters
     ----------
     config : DecodeConfig
-        ``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``, ``num_stages``.
+        ``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``, ``num_stages``, ``pdl``.
     q : Tensor ``[B, Hq, Dk]`` (fp32, fp16 or bf16; contiguous last dim)
     k_cache : Tensor ``[num_blocks, page_size, Hk, Dk]``
     v_cache : Tensor ``[num_blocks, page_size, Hk, Dv]``
@@ -458,6 +470,10 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     cap = float(logit_cap)
     qk_scale = float(scale) * (1.0 if cap > 0 else LOG2E)
     direct = splits == 1
+    pdl = bool(getattr(config, "pdl", False)) and not direct
+    if pdl and not supports_pdl(q.device):
+        raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 or "
+                         f"newer; {q.device} has none")
     if direct:
         po, pl = out, out  # unused placeholders
         spo = (0, 0, 0)
@@ -480,7 +496,8 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
             GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
             BLOCK_N=block_n, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits,
             SLIDING=sliding, LOGIT_CAP=cap > 0, UPCAST=upcast, DIRECT=direct,
-            PREC=prec, num_warps=int(config.num_warps), num_stages=int(config.num_stages),
+            PREC=prec, USE_PDL=pdl, num_warps=int(config.num_warps),
+            num_stages=int(config.num_stages),
         )
     else:
         _decode_stage1[grid](
@@ -495,7 +512,8 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
             GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
             BLOCK_N=block_n, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits,
             SHARED_KV=shared, SLIDING=sliding, LOGIT_CAP=cap > 0, UPCAST=upcast, DIRECT=direct,
-            PREC=prec, num_warps=int(config.num_warps), num_stages=int(config.num_stages),
+            PREC=prec, USE_PDL=pdl, num_warps=int(config.num_warps),
+            num_stages=int(config.num_stages),
         )
     if not direct:
         block_dv = min(block_d, 128)
@@ -504,7 +522,7 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
             seq_lens.stride(0), *spo, *spl, out.stride(0), out.stride(1),
             DV=dv, BLOCK_DV=block_dv, BLOCK_N=block_n, NUM_KV_SPLITS=splits,
             SPLITS_P2=max(16, _p2(splits)), SPLIT_CHUNK=_REDUCE_SPLIT_CHUNK, SLIDING=sliding,
-            num_warps=4, num_stages=2,
+            USE_PDL=pdl, num_warps=4, num_stages=2, **({"launch_pdl": True} if pdl else {}),
         )
     return out
 

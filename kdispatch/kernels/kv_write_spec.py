@@ -15,7 +15,7 @@ import triton
 
 from kdispatch.buckets import pow2_bucket
 from kdispatch.device import Device
-from kdispatch.kernels._common import TORCH_DTYPES, dtype_name
+from kdispatch.kernels._common import TORCH_DTYPES, dtype_name, pdl_capable
 from kdispatch.kernels.kv_write import (BLOCK_H_MAX, MAX_ELEMS_PER_THREAD, MAX_TILE,
                                         MAX_TOKENS_BUCKET, KVWriteConfig, KVWriteKey, Masking,
                                         launch_kv_write, reference_kv_write)
@@ -33,11 +33,6 @@ _WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (2048, 4), (M
 # Rows per program: 1. Same sweep: 2 or 4 rows never beat 1 (T=64: 2.160 vs 2.156 us;
 # T=16384: 70.24 vs 69.46 us at 8 heads, 8 warps).
 _BLOCK_T = 1
-
-
-def pdl_capable(key: KVWriteKey) -> bool:
-    """Programmatic dependent launch exists on NVIDIA sm_90 and newer."""
-    return key.vendor == "nvidia" and key.arch.startswith("sm_") and int(key.arch[3:]) >= 90
 
 
 def _tensor_arg(args: Mapping[str, Any], name: str) -> torch.Tensor:

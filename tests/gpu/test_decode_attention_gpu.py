@@ -90,3 +90,40 @@ def test_cache_over_2_pow_31_elements():
     vs = torch.empty(nb, page, hk, d, device="cuda", dtype=torch.bfloat16).normal_()
     out = kdispatch.decode_attention(q, k, vs, bt, sl, scale=d ** -0.5)
     _close(out, reference_decode_attention(q, k, vs, bt, sl, scale=d ** -0.5))
+
+
+def test_pdl_reduce_chain_in_a_graph_sees_each_stage():
+    """Eight decodes in one graph, each one's q the previous one's output (GQA, Dk == Dv),
+    with the reduce launched early (pdl): a reduce reading partials before its stage 1 had
+    finished, or a stage 1 reading a q the previous reduce had not written, would differ
+    from the reference applied to the previous step's actual output."""
+    from kdispatch.kernels.decode_attention import DecodeConfig, launch_decode_attention
+
+    torch.manual_seed(1)
+    b, hq, hk, d, page, pages = 4, 32, 8, 128, 16, 512
+    nb = b * pages + 3
+    k = torch.randn(nb, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    bt = torch.randperm(nb, device="cuda")[:b * pages].view(b, pages).int()
+    sl = torch.tensor([1, 4097, 8191, 8192], dtype=torch.int32, device="cuda")
+    qs = [torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)]
+    qs += [torch.empty_like(qs[0]) for _ in range(8)]
+    cfg = DecodeConfig(num_kv_splits=16, block_n=64, block_h=16, num_warps=4, num_stages=3,
+                       pdl=True)
+
+    def chain():
+        for i in range(8):
+            launch_decode_attention(cfg, qs[i], k, v, bt, sl, scale=d ** -0.5, out=qs[i + 1])
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for _ in range(3):
+        qs[0].normal_()
+        sl.copy_(torch.randint(1, pages * page + 1, (b,), device="cuda", dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i in range(8):
+            _close(qs[i + 1], reference_decode_attention(qs[i], k, v, bt, sl, scale=d ** -0.5))

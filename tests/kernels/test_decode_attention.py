@@ -226,3 +226,23 @@ def test_bad_inputs_name_the_argument(dev):
     with pytest.raises(ValueError, match="out"):
         launch_decode_attention(cfg(), **good, scale=0.1,
                                 out=torch.empty(2, 8, 32, device=good["q"].device))
+
+
+@pytest.mark.parametrize("latent", [False, True], ids=["gqa", "mla"])
+def test_pdl_config_matches_reference_or_is_refused(dev, latent):
+    """pdl=True (reduce as a programmatic dependent launch): the same result as without on an
+    sm_90+ GPU, over both stage-1 kernels; elsewhere a ValueError naming config."""
+    from kdispatch.kernels._common import supports_pdl
+
+    kw = dict(hq=4, hk=1, dk=576, dv=512, dtype=torch.bfloat16, latent=True) if latent \
+        else dict(hq=8, hk=2, dk=64)
+    q, k, v, bt, sl = make_case(dev, batch=3, pages=4, lens=[1, 17, 64], seed=11, **kw)
+    c = cfg(3, pdl=True)
+    if supports_pdl(q.device):
+        out = launch_decode_attention(c, q, k, v, bt, sl, scale=0.125)
+        check(out, q, k, v, bt, sl, scale=0.125)
+        plain = launch_decode_attention(cfg(3), q, k, v, bt, sl, scale=0.125)
+        assert torch.equal(out, plain)  # the same work in the same order: the same bits
+    else:
+        with pytest.raises(ValueError, match="^config: pdl=True needs"):
+            launch_decode_attention(c, q, k, v, bt, sl, scale=0.125)

@@ -95,6 +95,23 @@ def test_gqa_heuristic_is_the_h200_sweeps_best(batch, context, splits, stages):
                                              num_warps=4, num_stages=stages)
 
 
+@pytest.mark.parametrize("device,pdl", [("nvidia-h200", True), ("nvidia-h100", True),
+                                        ("nvidia-a100", False), ("amd-mi355x", False)])
+def test_pdl_is_a_candidate_for_split_grids_where_the_device_has_it(device, pdl):
+    dev = Device.from_key(device)
+    split = SPEC.key(dev, KIMI)
+    heur = SPEC.heuristic(split)
+    assert heur.num_kv_splits > 1 and not heur.pdl  # off by default (H200: no gain)
+    assert not SPEC.baseline(split).pdl
+    one = heur.model_copy(update={"num_kv_splits": 1, "pdl": True})
+    assert not SPEC.is_valid(split, one)  # no reduce to launch early
+    early = heur.model_copy(update={"pdl": True})
+    assert SPEC.is_valid(split, early) is pdl
+    cands = list(SPEC.candidates(split))
+    assert all(SPEC.is_valid(split, c) for c in cands)
+    assert (early in cands) is pdl  # the tuner measures the early reduce beside the heuristic
+
+
 def test_heuristic_respects_min_tokens_and_budget():
     short = key(batch=1, context=64)
     assert SPEC.heuristic(short).num_kv_splits <= 2
