@@ -178,3 +178,31 @@ def test_hostile_real_op_entries_never_reach_a_launch():
     for msg, field in zip(rejected, ["num_q_heads", "num_kv_splits", "num_warps", "block_n",
                                      "block_h", "variant", "head_dim"]):
         assert field in msg, (field, msg)
+
+
+def test_table_entries_asking_for_pdl_where_the_device_lacks_it_are_rejected():
+    """A pdl config in a table for a device without programmatic dependent launch (A100)
+    is dropped at load with a message, never launched."""
+    from kdispatch.kernels.decode_attention_spec import SPEC as DECODE
+    from kdispatch.kernels.kv_write_spec import SPEC as KV
+
+    a100 = Device.from_key("nvidia-a100")
+    kv_key = KV.key(a100, dict(tokens=1, num_kv_heads=8, head_dim=128, page_size=16,
+                               dtype="bfloat16"))
+    dec_key = DECODE.key(a100, dict(num_q_heads=32, num_kv_heads=8, head_dim=128, batch=1,
+                                    context=8192))
+    kv_cfg = KV.heuristic(kv_key).model_copy(update={"pdl": True})
+    dec_cfg = DECODE.heuristic(dec_key).model_copy(update={"pdl": True})
+    assert dec_cfg.num_kv_splits > 1
+    t = TableFile(format_version=TABLE_FORMAT_VERSION, device=a100,
+                  toolchain=Toolchain(**toolchain_versions()), created="2026-11-29T00:00:00",
+                  entries=[TableEntry(op="kv_write", key=kv_key.model_dump(mode="json"),
+                                      config=kv_cfg.model_dump(mode="json"),
+                                      source_hash=KV.source_hash(), median_us=1.0),
+                           TableEntry(op="decode_attention",
+                                      key=dec_key.model_dump(mode="json"),
+                                      config=dec_cfg.model_dump(mode="json"),
+                                      source_hash=DECODE.source_hash(), median_us=1.0)])
+    good, rejected = validate_entries(t, expect_device="nvidia-a100")
+    assert good == {} and len(rejected) == 2
+    assert all("config" in r for r in rejected)
