@@ -60,7 +60,7 @@ class _NoLaunch:
 
 
 def reduce_share(cfg: DecodeConfig, sets: list[dict]) -> dict:
-    """Times of the heuristic config: the whole op, and stage 1 alone (reduce skipped)."""
+    """Times of ``cfg``: the whole op, and stage 1 alone (reduce skipped)."""
     import kdispatch.kernels.decode_attention as da
 
     full = time_config(cfg, sets)[0]

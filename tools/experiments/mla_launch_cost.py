@@ -21,12 +21,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_decode import Shape, live_bytes, make_sets, read_ceiling, time_config  # noqa: E402
-from decode_sweep import _NoLaunch  # noqa: E402
+from bench_decode import Shape, live_bytes, make_sets, read_ceiling  # noqa: E402
+from decode_sweep import reduce_share  # noqa: E402
 
-import kdispatch.kernels.decode_attention as da  # noqa: E402
 from kdispatch.device import Device  # noqa: E402
-from kdispatch.kernels.decode_attention import SPEC, reference_decode_attention  # noqa: E402
+from kdispatch.kernels.decode_attention import (  # noqa: E402
+    SPEC, launch_decode_attention, reference_decode_attention,
+)
 
 CONTEXTS = (512, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -56,16 +57,11 @@ def main() -> None:
                 bt = inp["block_table"]
                 inp["block_table"] = torch.arange(bt.numel(), device=bt.device,
                                                   dtype=torch.int32).view_as(bt)
-            out = da.launch_decode_attention(cfg, **inp)
+            out = launch_decode_attention(cfg, **inp)
             ref = reference_decode_attention(**inp)
             ok = torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2)
-            full = time_config(cfg, [inp])[0]
-            reduce_kernel = da._decode_reduce
-            da._decode_reduce = _NoLaunch()
-            try:
-                stage1 = time_config(cfg, [inp])[0]
-            finally:
-                da._decode_reduce = reduce_kernel
+            times = reduce_share(cfg, [inp])
+            full, stage1 = times["full_us"], times["stage1_us"]
             pct = 100 * live_bytes(s) / full / 1e3 / ceiling
             rows.append({"context": ctx, "order": order, "tokens_per_split":
                          ctx / cfg.num_kv_splits, "full_us": full, "stage1_us": stage1,
