@@ -28,6 +28,13 @@ programmatic dependent launch: stage 1 lets it launch at once, and it reads the 
 length and sets up before ``griddepcontrol.wait``, which returns once stage 1 has finished
 and its partials are visible; so the reduce's launch latency hides under stage 1's tail.
 
+With ``MERGE`` (config ``merge``, split counts > 1) there is no reduce kernel: after
+storing its partial, each stage-1 program takes a ticket from an arrival counter of its
+(request, head block) (zeroed per call); the program that arrives last merges every
+split's partials, in split order, into the output (``_merge_if_last``). This saves the
+reduce's launch and its round trips, at the cost of a zeroing node and one merge on the
+last program's tail.
+
 Split boundaries depend only on the request's own live length and the config
 (``chunk = ceil(ceil(live / S) / BLOCK_N) * BLOCK_N`` tokens per split, aligned to BLOCK_N),
 so a request's bits do not depend on what it is batched with; trailing splits of a short
@@ -55,8 +62,69 @@ SPLIT_LATENT_MIN_DV = 512
 
 
 @triton.jit
+def _split_range(SL, b, stride_sl, window, max_len, split,
+                 NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
+    """``(live, chunk, start, end)`` of request ``b``'s split ``split``.
+
+    The length is clamped to [0, the page table's capacity] (a bad length never reads
+    past the table); ``live`` tokens (the window's, when sliding) are cut into
+    ``NUM_KV_SPLITS`` chunks of whole ``BLOCK_N`` tiles; trailing splits may be empty.
+    """
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
+    lo = seq_len * 0
+    if SLIDING:
+        lo = tl.maximum(seq_len - window, 0)
+    live = seq_len - lo
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    return live, chunk, start, end
+
+
+@triton.jit
+def _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, n_valid,
+                   stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+                   stride_ob, stride_oh,
+                   DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                   NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """Count this program's split in; the last of its (request, head block) merges them all.
+
+    Called after the program stored its partial. The barrier orders every thread's stores
+    before the counter's release; the acquiring atomic (one thread, result broadcast
+    through a barrier) orders the last program's reads after every other program's
+    stores. Partials are read from L2 (``.cg``) in split order, so the merged bits do not
+    depend on which program came last.
+    """
+    tl.debug_barrier()
+    ticket = tl.atomic_add(CNT + b * stride_cnt + pid_h, 1, sem="acq_rel", scope="gpu")
+    if ticket == NUM_KV_SPLITS - 1:
+        tl.debug_barrier()
+        pl = PL + b * stride_plb + heads * stride_plh
+        offs_s = tl.arange(0, SPLITS_P2)
+        lse = tl.load(pl[:, None] + offs_s[None, :],
+                      mask=h_mask[:, None] & (offs_s < n_valid)[None, :],
+                      other=float("-inf"), cache_modifier=".cg")
+        m = tl.max(lse, 1)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        denom = tl.sum(tl.exp2(lse - m[:, None]), 1)
+        inv = 1.0 / tl.where(denom > 0.0, denom, 1.0)
+        po = PO + b * stride_pob + heads[:, None] * stride_poh
+        o = O + b * stride_ob + heads[:, None] * stride_oh
+        for c in tl.static_range((DV + BLOCK_C - 1) // BLOCK_C):
+            cols = c * BLOCK_C + tl.arange(0, BLOCK_C)
+            mask = h_mask[:, None] & (cols < DV)[None, :]
+            acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+            for s in range(0, n_valid):
+                w = tl.exp2(tl.load(pl + s, mask=h_mask, other=float("-inf"),
+                                    cache_modifier=".cg") - m)
+                acc += w[:, None] * tl.load(po + s * stride_pos + cols[None, :], mask=mask,
+                                            other=0.0, cache_modifier=".cg")
+            tl.store(o + cols[None, :], (acc * inv[:, None]).to(O.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _decode_stage1(
-    Q, K, V, BT, SL, O, PO, PL,
+    Q, K, V, BT, SL, O, PO, PL, CNT,
     qk_scale, cap, window, max_len,
     stride_qb, stride_qh,
     stride_kb, stride_kp, stride_kh,
@@ -64,12 +132,13 @@ def _decode_stage1(
     stride_btb, stride_btp, stride_sl,
     stride_ob, stride_oh,
     stride_pob, stride_poh, stride_pos,
-    stride_plb, stride_plh,
+    stride_plb, stride_plh, stride_cnt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, DV: tl.constexpr, DPE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
     SHARED_KV: tl.constexpr, SLIDING: tl.constexpr, LOGIT_CAP: tl.constexpr,
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
     if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
         tl.extra.cuda.gdc_launch_dependents()
@@ -83,15 +152,8 @@ def _decode_stage1(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < DV
 
-    # clamped to [0, the page table's capacity]: a bad length never reads past the table
-    seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
-    lo = seq_len * 0
-    if SLIDING:
-        lo = tl.maximum(seq_len - window, 0)
-    live = seq_len - lo
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
-    start = lo + split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    live, chunk, start, end = _split_range(SL, b, stride_sl, window, max_len, split,
+                                           NUM_KV_SPLITS, BLOCK_N, SLIDING)
 
     q_row = b * stride_qb + heads[:, None] * stride_qh
     q = tl.load(Q + q_row + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0)
@@ -170,23 +232,29 @@ def _decode_stage1(
                  + offs_d[None, :], out, mask=(h_mask & has_work)[:, None] & d_mask[None, :])
         tl.store(PL + b * stride_plb + heads * stride_plh + split, m_i + tl.log2(l_safe),
                  mask=h_mask & has_work)
+        if MERGE:
+            _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, tl.cdiv(live, chunk),
+                           stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb,
+                           stride_plh, stride_ob, stride_oh, DV, BLOCK_H, BLOCK_C,
+                           NUM_KV_SPLITS, SPLITS_P2)
 
 
 @triton.jit
 def _decode_stage1_latent(
-    Q, K, BT, SL, O, PO, PL,
+    Q, K, BT, SL, O, PO, PL, CNT,
     qk_scale, cap, window, max_len,
     stride_qb, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_btb, stride_btp, stride_sl,
     stride_ob, stride_oh,
     stride_pob, stride_poh, stride_pos,
-    stride_plb, stride_plh,
+    stride_plb, stride_plh, stride_cnt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, DV: tl.constexpr, DPE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
     SLIDING: tl.constexpr, LOGIT_CAP: tl.constexpr,
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
     """Stage 1 for a shared latent (``SHARED_KV``) with ``DV == BLOCK_D``: the latent as halves.
 
@@ -208,15 +276,8 @@ def _decode_stage1_latent(
     heads = kvh * GROUP + offs_g
     offs_c = tl.arange(0, HALF)
 
-    # clamped to [0, the page table's capacity]: a bad length never reads past the table
-    seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
-    lo = seq_len * 0
-    if SLIDING:
-        lo = tl.maximum(seq_len - window, 0)
-    live = seq_len - lo
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
-    start = lo + split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    live, chunk, start, end = _split_range(SL, b, stride_sl, window, max_len, split,
+                                           NUM_KV_SPLITS, BLOCK_N, SLIDING)
 
     q_row = b * stride_qb + heads[:, None] * stride_qh
     q0 = tl.load(Q + q_row + offs_c[None, :], mask=h_mask[:, None], other=0.0)
@@ -295,6 +356,11 @@ def _decode_stage1_latent(
         tl.store(po + HALF, acc1 / l_safe[:, None], mask=(h_mask & has_work)[:, None])
         tl.store(PL + b * stride_plb + heads * stride_plh + split, m_i + tl.log2(l_safe),
                  mask=h_mask & has_work)
+        if MERGE:
+            _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, tl.cdiv(live, chunk),
+                           stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb,
+                           stride_plh, stride_ob, stride_oh, DV, BLOCK_H, BLOCK_C,
+                           NUM_KV_SPLITS, SPLITS_P2)
 
 
 @triton.jit
@@ -309,12 +375,8 @@ def _decode_reduce(
     h = tl.program_id(0)
     d_blk = tl.program_id(1)
     b = tl.program_id(2)
-    seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
-    lo = seq_len * 0
-    if SLIDING:
-        lo = tl.maximum(seq_len - window, 0)
-    live = seq_len - lo
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    live, chunk, _, _ = _split_range(SL, b, stride_sl, window, max_len, 0, NUM_KV_SPLITS,
+                                     BLOCK_N, SLIDING)
     n_valid = tl.cdiv(live, chunk)  # splits that hold tokens; the rest were never written
     if USE_PDL:  # seq_lens predate stage 1; its partials are readable after the wait
         tl.extra.cuda.gdc_wait()
@@ -416,7 +478,8 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     Parameters
     ----------
     config : DecodeConfig
-        ``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``, ``num_stages``, ``pdl``.
+        ``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``, ``num_stages``, ``pdl``,
+        ``merge``.
     q : Tensor ``[B, Hq, Dk]`` (fp32, fp16 or bf16; contiguous last dim)
     k_cache : Tensor ``[num_blocks, page_size, Hk, Dk]``
     v_cache : Tensor ``[num_blocks, page_size, Hk, Dv]``
@@ -471,6 +534,9 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     qk_scale = float(scale) * (1.0 if cap > 0 else LOG2E)
     direct = splits == 1
     pdl = bool(getattr(config, "pdl", False)) and not direct
+    merge = bool(getattr(config, "merge", False)) and not direct
+    if pdl and merge:
+        raise ValueError("config: pdl and merge exclude each other (merge launches no reduce)")
     if pdl and not supports_pdl(q.device):
         raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 or "
                          f"newer; {q.device} has none")
@@ -483,39 +549,43 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
         pl = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
         spo = po.stride()[:3]
         spl = pl.stride()[:2]
+    # merge: one arrival counter per (request, head block), zeroed per call (stream-ordered,
+    # so concurrent calls on other streams and graph replays never share one)
+    cnt = torch.zeros((b, hk * head_blocks), dtype=torch.int32, device=q.device) if merge else pl
+    merge_args = dict(MERGE=merge, BLOCK_C=min(block_d, 128), SPLITS_P2=max(16, _p2(splits)))
     grid = (hk * head_blocks, splits, b)
     if shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV:
         _decode_stage1_latent[grid](
-            q, k_cache, block_table, seq_lens, out, po, pl,
+            q, k_cache, block_table, seq_lens, out, po, pl, cnt,
             qk_scale, cap if cap > 0 else 1.0, window, max_len,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             block_table.stride(0), block_table.stride(1), seq_lens.stride(0),
             out.stride(0), out.stride(1),
-            *spo, *spl,
+            *spo, *spl, cnt.stride(0) if merge else 0,
             GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
             BLOCK_N=block_n, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits,
             SLIDING=sliding, LOGIT_CAP=cap > 0, UPCAST=upcast, DIRECT=direct,
-            PREC=prec, USE_PDL=pdl, num_warps=int(config.num_warps),
+            PREC=prec, USE_PDL=pdl, **merge_args, num_warps=int(config.num_warps),
             num_stages=int(config.num_stages),
         )
     else:
         _decode_stage1[grid](
-            q, k_cache, v_cache, block_table, seq_lens, out, po, pl,
+            q, k_cache, v_cache, block_table, seq_lens, out, po, pl, cnt,
             qk_scale, cap if cap > 0 else 1.0, window, max_len,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_table.stride(0), block_table.stride(1), seq_lens.stride(0),
             out.stride(0), out.stride(1),
-            *spo, *spl,
+            *spo, *spl, cnt.stride(0) if merge else 0,
             GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
             BLOCK_N=block_n, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits,
             SHARED_KV=shared, SLIDING=sliding, LOGIT_CAP=cap > 0, UPCAST=upcast, DIRECT=direct,
-            PREC=prec, USE_PDL=pdl, num_warps=int(config.num_warps),
+            PREC=prec, USE_PDL=pdl, **merge_args, num_warps=int(config.num_warps),
             num_stages=int(config.num_stages),
         )
-    if not direct:
+    if not direct and not merge:
         block_dv = min(block_d, 128)
         _decode_reduce[(hq, triton.cdiv(dv, block_dv), b)](
             seq_lens, po, pl, out, window, max_len,

@@ -120,6 +120,8 @@ class DecodeConfig(OpConfig):
     num_stages: int = Field(default=2, ge=1, le=5)
     #: launch the reduce as a programmatic dependent launch (NVIDIA sm_90+, splits > 1)
     pdl: bool = False
+    #: no reduce kernel: the last stage-1 program of a request merges the splits (splits > 1)
+    merge: bool = False
 
     @field_validator("block_n")
     @classmethod
@@ -264,13 +266,16 @@ class DecodeSpec(OpSpec):
         return cfg
 
     def baseline(self, key: DecodeKey) -> DecodeConfig:  # type: ignore[override]
-        return self.heuristic(key).model_copy(update={"num_kv_splits": 1, "pdl": False})
+        return self.heuristic(key).model_copy(update={"num_kv_splits": 1, "pdl": False,
+                                                      "merge": False})
 
     def is_valid(self, key: DecodeKey, config: DecodeConfig) -> bool:  # type: ignore[override]
         if config.block_h > max(16, _p2(key.group)):
             return False
         if config.pdl and (config.num_kv_splits == 1 or not pdl_capable(key)):
             return False  # no reduce to launch early / no griddepcontrol on the device
+        if config.merge and (config.num_kv_splits == 1 or config.pdl):
+            return False  # nothing to merge / no reduce kernel to launch early
         if _workspace_bytes(key, config.num_kv_splits) > WORKSPACE_BUDGET:
             return False
         if key.vendor != "triton":  # GPU resource limits (the interpreter has none)
@@ -319,9 +324,12 @@ class DecodeSpec(OpSpec):
         base = self.baseline(key)
         if base not in chosen and self.is_valid(key, base):
             chosen.insert(min(len(chosen), 6), base)
-        early = h.model_copy(update={"pdl": True})
-        if self.is_valid(key, early):  # the heuristic with the reduce launched early
-            chosen.insert(1, early)
+        # the heuristic's tile with the other two ways to merge the splits (a reduce launched
+        # early; the last stage-1 program merging), right after the heuristic
+        for twin in (h.model_copy(update={"pdl": True, "merge": False}),
+                     h.model_copy(update={"pdl": False, "merge": not h.merge})):
+            if twin != h and twin not in chosen and self.is_valid(key, twin):
+                chosen.insert(1, twin)
         return chosen[:MAX_CANDIDATES]
 
     # -- launching ------------------------------------------------------------------------

@@ -127,3 +127,56 @@ def test_pdl_reduce_chain_in_a_graph_sees_each_stage():
         torch.cuda.synchronize()
         for i in range(8):
             _close(qs[i + 1], reference_decode_attention(qs[i], k, v, bt, sl, scale=d ** -0.5))
+
+
+@pytest.mark.parametrize("latent", [False, True], ids=["gqa", "mla"])
+def test_merge_chain_in_a_graph_sees_every_split(latent):
+    """merge=True (the last stage-1 program merges; no reduce kernel), eight decodes chained
+    in one graph (each q the previous output; MLA feeds back the first 512 of 576 columns'
+    worth through a fresh q), replayed with new lengths: a merging program that read a
+    partial before its writer had stored it, or a counter left non-zero by a previous
+    replay, would differ from the reference; replays of the same inputs give the same bits."""
+    from kdispatch.kernels.decode_attention import DecodeConfig, launch_decode_attention
+
+    torch.manual_seed(2)
+    if latent:
+        b, hq, hk, dk, dv, page, pages = 32, 16, 1, 576, 512, 16, 256
+        cfg = DecodeConfig(num_kv_splits=8, block_n=32, block_h=16, num_warps=4,
+                           num_stages=3, merge=True)
+    else:
+        b, hq, hk, dk, dv, page, pages = 4, 32, 8, 128, 128, 16, 512
+        cfg = DecodeConfig(num_kv_splits=16, block_n=64, block_h=16, num_warps=4,
+                           num_stages=3, merge=True)
+    nb = b * pages + 3
+    k = torch.randn(nb, page, hk, dk, device="cuda", dtype=torch.bfloat16)
+    v = k[..., :dv] if latent else torch.randn(nb, page, hk, dv, device="cuda",
+                                               dtype=torch.bfloat16)
+    bt = torch.randperm(nb, device="cuda")[:b * pages].view(b, pages).int()
+    sl = torch.randint(1, pages * page + 1, (b,), device="cuda", dtype=torch.int32)
+    qs = [torch.randn(b, hq, dk, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+    outs = [torch.empty(b, hq, dv, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+
+    def chain():
+        for i in range(8):
+            if i:  # the next q depends on the previous output (stream order across calls)
+                qs[i][..., :dv].copy_(outs[i - 1])
+            launch_decode_attention(cfg, qs[i], k, v, bt, sl, scale=dk ** -0.5, out=outs[i])
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    lens_sets = [[1, 15, 16, 17, 63, 64, 65, pages * page] * (b // 8 or 1),
+                 torch.randint(1, pages * page + 1, (b,)).tolist()]
+    for lens in lens_sets:
+        sl.copy_(torch.tensor(lens[:b], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        first = [o.clone() for o in outs]
+        for i in range(8):
+            _close(outs[i], reference_decode_attention(qs[i], k, v, bt, sl, scale=dk ** -0.5))
+        for _ in range(5):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, o) for a, o in zip(first, outs))

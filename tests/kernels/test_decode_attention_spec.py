@@ -174,3 +174,17 @@ def test_make_inputs_map_to_key_on_cpu(monkeypatch):
     assert SPEC.key(Device.interpreter(), inp) == k
     pages = inp["block_table"].flatten()
     assert len(set(pages.tolist())) == pages.numel()
+
+
+@pytest.mark.parametrize("device", ["nvidia-h200", "nvidia-a100", "amd-mi355x"])
+def test_merge_is_a_candidate_for_split_grids(device):
+    split = SPEC.key(Device.from_key(device), KIMI)
+    heur = SPEC.heuristic(split)
+    assert heur.num_kv_splits > 1 and not SPEC.baseline(split).merge
+    twin = heur.model_copy(update={"merge": not heur.merge, "pdl": False})
+    cands = list(SPEC.candidates(split))
+    assert cands[0] == heur and twin in cands[:3]  # measured right beside the heuristic
+    assert all(SPEC.is_valid(split, c) for c in cands)
+    assert not SPEC.is_valid(split, heur.model_copy(update={"num_kv_splits": 1,
+                                                            "merge": True}))
+    assert not SPEC.is_valid(split, heur.model_copy(update={"merge": True, "pdl": True}))

@@ -36,19 +36,19 @@ GQA_TILES = ((128, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 3))
 MLA_TILES = ((32, 4, 3), (32, 4, 2), (64, 8, 2), (32, 8, 3), (16, 4, 3), (64, 4, 2))
 
 
-def grid(key, sms: int) -> list[DecodeConfig]:
-    heur = SPEC.heuristic(key)
+def grid(key, sms: int, merge: bool = False) -> list[DecodeConfig]:
+    heur = SPEC.heuristic(key).model_copy(update={"merge": False, "pdl": False})
     base = key.batch * key.num_kv_heads * -(-key.group // heur.block_h)
     splits = {1, heur.num_kv_splits}
     for p in PER_SM:
         splits.add(max(1, round(p * sms / base)))
     splits = sorted(s for s in splits if s <= min(256, max(1, key.context // 64)))
     tiles = MLA_TILES if key.latent else GQA_TILES
-    out = [heur]
+    out = [heur.model_copy(update={"merge": merge and heur.num_kv_splits > 1})]
     for s in splits:
         for bn, w, st in tiles:
             cfg = DecodeConfig(num_kv_splits=s, block_n=bn, block_h=heur.block_h,
-                               num_warps=w, num_stages=st)
+                               num_warps=w, num_stages=st, merge=merge and s > 1)
             if cfg not in out and SPEC.is_valid(key, cfg):
                 out.append(cfg)
     return out
@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--shapes", required=True, help="comma-separated name substrings")
     ap.add_argument("--budget", type=float, default=240.0, help="seconds in all")
     ap.add_argument("--out", default="decode_sweep.json")
+    ap.add_argument("--merge", action="store_true",
+                    help="every split config merges in its last stage-1 program (no reduce)")
     ap.add_argument("--reduce-share", action="store_true",
                     help="only time the heuristic with and without its reduce kernel")
     args = ap.parse_args()
@@ -102,7 +104,7 @@ def main() -> None:
             print(s.name, result["shapes"][s.name], flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
             continue
-        for cfg in grid(key, dev.cu_count):
+        for cfg in grid(key, dev.cu_count, args.merge):
             if time.time() > deadline:
                 break
             try:
