@@ -61,6 +61,14 @@ BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((256, 64), (1 << 20, 32))
 #: BLOCK_N for wide MLA head blocks (block_h >= 64): 128 heads at 64 tokens beat 32
 #: (H200 v1: 848 vs 1174 us at batch 32 x 16k).
 BLOCK_N_WIDE_HEADS = 64
+#: latent (MLA) grids of at most this many splits merge in the last stage-1 program instead
+#: of a reduce kernel. H200 session 5 (bench/results/nvidia-h200/session5/decode-a.json,
+#: heuristic vs its merge twin): TP1 128 heads at 2 splits 568.8 vs 653.4 us, deepseek
+#: b32 x 327,600 at 8 splits 2,990 vs 3,246 us, b32 x 16k at 8 splits 165.9 vs 166.7 us;
+#: the merge is serial in the splits, so 33 splits lose (kimi b8 x 327,600: 749 vs 720 us;
+#: deepseek b8 x 16k 86 vs 52 us) and 128 lose badly (kimi b1 x 65,536: 153 vs 39 us).
+#: GQA grids lost 1-2% with it at 2-8 splits and keep the reduce kernel.
+MERGE_MAX_SPLITS_LATENT = 8
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
 
@@ -122,6 +130,8 @@ class DecodeConfig(OpConfig):
     pdl: bool = False
     #: no reduce kernel: the last stage-1 program of a request merges the splits (splits > 1)
     merge: bool = False
+    #: register cap per thread for stage 1 (NVIDIA ``maxnreg``; None: the compiler's choice)
+    max_regs: int | None = Field(default=None, ge=64, le=255)
 
     @field_validator("block_n")
     @classmethod
@@ -162,6 +172,11 @@ def _default_block_h(key: DecodeKey) -> int:
     if g <= 16:
         return 16
     return min(64, _p2(g))  # aiter bh64-style regime for wide MLA (128 heads: 2 blocks)
+
+
+def _merges(key: DecodeKey, splits: int) -> bool:
+    """Whether a grid of ``splits`` merges in its last stage-1 program (no reduce kernel)."""
+    return key.latent and 1 < splits <= MERGE_MAX_SPLITS_LATENT
 
 
 def _split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
@@ -260,7 +275,7 @@ class DecodeSpec(OpSpec):
         # pdl stays off: launching the reduce early measured -3..+3% on most H200 shapes and
         # 9-15% slower at MLA batch 1 with 128-256 splits (session 4d, decode-pdl.json)
         cfg = DecodeConfig(num_kv_splits=splits, block_n=block_n, block_h=block_h,
-                           num_warps=warps, num_stages=stages)
+                           num_warps=warps, num_stages=stages, merge=_merges(key, splits))
         while not self.is_valid(key, cfg) and cfg.block_n > 16:
             cfg = cfg.model_copy(update={"block_n": cfg.block_n // 2})
         return cfg
@@ -312,7 +327,8 @@ class DecodeSpec(OpSpec):
                 for ti, (bn, w, st) in enumerate(tiles):
                     for warps in ((w, 8) if bh >= 64 else (w,)):
                         cfg = DecodeConfig(num_kv_splits=s, block_n=bn, block_h=bh,
-                                           num_warps=warps, num_stages=st)
+                                           num_warps=warps, num_stages=st,
+                                           merge=_merges(key, s))
                         if cfg in seen or not self.is_valid(key, cfg):
                             continue
                         seen.add(cfg)

@@ -188,3 +188,16 @@ def test_merge_is_a_candidate_for_split_grids(device):
     assert not SPEC.is_valid(split, heur.model_copy(update={"num_kv_splits": 1,
                                                             "merge": True}))
     assert not SPEC.is_valid(split, heur.model_copy(update={"merge": True, "pdl": True}))
+
+
+@pytest.mark.parametrize("kw,splits,merge", [
+    (dict(batch=32, num_q_heads=16, context=16384), 8, True),    # deepseek TP8 b32 x 16k
+    (dict(batch=32, num_q_heads=128, context=16384), 2, True),   # TP1: 2 blocks of 64 heads
+    ({}, 33, False),                                             # kimi b8: serial merge of 33
+    (dict(batch=1, context=65536), 128, False),
+    (dict(batch=4, num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128,
+          context=262144), 8, False),                            # GQA keeps the reduce kernel
+])
+def test_heuristic_merges_latent_grids_of_few_splits(kw, splits, merge):
+    h = SPEC.heuristic(key(**kw))
+    assert (h.num_kv_splits, h.merge, h.pdl) == (splits, merge, False)
