@@ -553,10 +553,6 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     # so concurrent calls on other streams and graph replays never share one)
     cnt = torch.zeros((b, hk * head_blocks), dtype=torch.int32, device=q.device) if merge else pl
     merge_args = dict(MERGE=merge, BLOCK_C=min(block_d, 128), SPLITS_P2=max(16, _p2(splits)))
-    max_regs = getattr(config, "max_regs", None)
-    if max_regs is not None and not interpreting() and q.device.type == "cuda" \
-            and torch.version.cuda is not None:
-        merge_args["maxnreg"] = int(max_regs)
     grid = (hk * head_blocks, splits, b)
     if shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV:
         _decode_stage1_latent[grid](

@@ -130,8 +130,6 @@ class DecodeConfig(OpConfig):
     pdl: bool = False
     #: no reduce kernel: the last stage-1 program of a request merges the splits (splits > 1)
     merge: bool = False
-    #: register cap per thread for stage 1 (NVIDIA ``maxnreg``; None: the compiler's choice)
-    max_regs: int | None = Field(default=None, ge=64, le=255)
 
     @field_validator("block_n")
     @classmethod
