@@ -228,7 +228,7 @@ def _time_graph(fns: list[Callable[[], Any]], per_call_us: float, reps: int | No
     torch.cuda.synchronize()
     calls = _calls_for(per_call_us, len(fns))
     graph = _capture(fns, calls)
-    for _ in range(3):  # a replay's own latency shrinks per call as the graph grows
+    for _ in range(4):  # a replay's own latency shrinks per call as the graph grows
         gpu_us = _replay_us(graph) / calls
         if calls >= MAX_CALLS_PER_GRAPH or _calls_for(gpu_us, len(fns)) <= calls:
             break
