@@ -138,39 +138,45 @@ GRAPH_US = 1000.0
 MAX_CALLS = 32
 
 
-def _graph_of(cfg, sets, calls: int):
+def _graph_of(fns, calls: int):
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
             for i in range(calls):
-                launch_decode_attention(cfg, **sets[i % len(sets)])
+                fns[i % len(fns)]()
     torch.cuda.synchronize()
     return graph
 
 
-def time_config(cfg, sets, calls: int | None = None) -> tuple[float, float, float]:
+def time_fns(fns, calls: int | None = None) -> tuple[float, float, float]:
     """Per-call median and 20th/80th percentiles (us) of do_bench'd graph replays.
 
-    The graph cycles through ``sets``; it holds ``calls`` calls, by default as many as
-    last about GRAPH_US (at least one per set, at most MAX_CALLS). ``calls=1`` with one
-    set times a replay of a single call, launch latency included.
+    The graph cycles through ``fns`` (one per input set); it holds ``calls`` calls, by
+    default as many as last about GRAPH_US (at least one per function, at most MAX_CALLS).
+    ``calls=1`` with one function times a replay of a single call, launch latency included.
     """
-    for inp in sets:  # compile + warm
-        launch_decode_attention(cfg, **inp)
+    for f in fns:  # compile + warm
+        f()
     torch.cuda.synchronize()
-    n = calls or len(sets)
-    graph = _graph_of(cfg, sets, n)
+    n = calls or len(fns)
+    graph = _graph_of(fns, n)
     med = triton.testing.do_bench(graph.replay, warmup=5, rep=20, return_mode="median")
     if calls is None:
-        want = min(MAX_CALLS, max(len(sets), math.ceil(GRAPH_US / (med * 1e3 / n))))
+        want = min(MAX_CALLS, max(len(fns), math.ceil(GRAPH_US / (med * 1e3 / n))))
         if want > n:
             del graph
             n = want
-            graph = _graph_of(cfg, sets, n)
+            graph = _graph_of(fns, n)
     q20, med, q80 = triton.testing.do_bench(graph.replay, warmup=10, rep=40,
                                             quantiles=[0.2, 0.5, 0.8])
     return med * 1e3 / n, q20 * 1e3 / n, q80 * 1e3 / n
+
+
+def time_config(cfg, sets, calls: int | None = None) -> tuple[float, float, float]:
+    """:func:`time_fns` of ``cfg`` launched on each input set of ``sets``."""
+    return time_fns([lambda inp=inp: launch_decode_attention(cfg, **inp) for inp in sets],
+                    calls)
 
 
 @dataclass
