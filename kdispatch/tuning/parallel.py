@@ -2,9 +2,11 @@
 
 ``kdispatch tune --device all`` (or ``--device cuda:0,cuda:1``) groups the devices by their
 dispatch device key, plans the keys of each group for that device, splits them across the
-group's devices with :func:`kdispatch.tuning.sweep.shard`, and runs
-:func:`kdispatch.tuning.sweep.tune_shard` in one spawned process per device, every worker
-writing to the same database URL. Devices with the same key (identical GPUs) tune one table
+group's devices, and runs :func:`kdispatch.tuning.sweep.tune_shard` in one spawned process
+per device, every worker writing to the same database URL. Keys are handed out on demand:
+the workers of a group share the group's key list and a register of claimed keys, and each
+takes the next unclaimed key when it is free (a fixed round-robin split left one of two
+H200s idle for a third of a run while the other tuned the costly keys; docs/benchmarks.md). Devices with the same key (identical GPUs) tune one table
 together; devices with different keys never share a key, so their rows never mix.
 
 ``--device cpu,cpu`` runs two Triton-interpreter workers: the interpreter key is shared, so
@@ -66,6 +68,9 @@ class Job:
     device_name: str
     device_key: str
     targets: tuple[TuneTarget, ...]
+    #: the group's jobs share ``targets`` and take keys by claim (several devices)
+    group: int = 0
+    shared: bool = False
 
 
 @dataclass
@@ -211,15 +216,41 @@ def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequen
     return targets, notes
 
 
-def make_jobs(runs: Sequence[GroupRun]) -> list[Job]:
-    """One job per device that has keys: each group's keys sharded over its devices."""
+def make_jobs(runs: Sequence[GroupRun], *, on_demand: bool = True) -> list[Job]:
+    """One job per device of each group that has keys.
+
+    With ``on_demand`` (the default) every device of a group gets the group's whole key
+    list and takes keys by claim at run time; otherwise the keys are split round-robin
+    (:func:`~kdispatch.tuning.sweep.shard`) and a device without keys gets no job.
+    """
     jobs: list[Job] = []
-    for run in runs:
+    for gi, run in enumerate(runs):
         names = run.group.names
+        if not run.targets:
+            continue
+        if on_demand:
+            for name in names:
+                jobs.append(Job(len(jobs), name, run.group.device.key, tuple(run.targets),
+                                group=gi, shared=len(names) > 1))
+            continue
         for name, part in zip(names, sweep.shard(run.targets, len(names))):
             if part:
-                jobs.append(Job(len(jobs), name, run.group.device.key, tuple(part)))
+                jobs.append(Job(len(jobs), name, run.group.device.key, tuple(part), group=gi))
     return jobs
+
+
+def claimer(claims: Any) -> Callable[[int], bool]:
+    """``claim(i)``: True for the first worker to ask for key ``i`` of a shared register.
+
+    ``claims`` is a lock-guarded array of flags (``multiprocessing.Array("b", n)``).
+    """
+    def claim(i: int) -> bool:
+        with claims.get_lock():
+            if claims[i]:
+                return False
+            claims[i] = 1
+            return True
+    return claim
 
 
 def extra_specs(ops: Iterable[str]) -> bytes:
@@ -238,7 +269,8 @@ def extra_specs(ops: Iterable[str]) -> bytes:
 
 def run_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str,
               options: dict[str, Any], extra: bytes,
-              progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[Progress], None] | None = None,
+              claim: Callable[[int], bool] | None = None) -> dict[str, Any]:
     """Register the shipped specs, then :func:`~kdispatch.tuning.sweep.tune_shard`.
 
     The interpreter is chosen before the specs are unpickled, so a spec module that
@@ -248,7 +280,8 @@ def run_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str,
         sweep.use_interpreter()
     for spec in pickle.loads(extra):
         register(spec, replace=True)
-    return sweep.tune_shard(list(targets), device_name, db_url, progress=progress, **options)
+    return sweep.tune_shard(list(targets), device_name, db_url, progress=progress,
+                            claim=claim, **options)
 
 
 def _describe(exc: BaseException) -> str:
@@ -256,13 +289,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _worker(job: Job, db_url: str, options: dict[str, Any], extra: bytes, events: Any) -> None:
+def _worker(job: Job, db_url: str, options: dict[str, Any], extra: bytes, events: Any,
+            claims: Any = None) -> None:
     """Process entry (spawn): tune one shard, forwarding progress and the outcome."""
     def progress(p: Progress) -> None:
         events.put(("progress", job.index, p))
 
+    claim = claimer(claims) if claims is not None else None
     try:
-        counts = run_shard(job.targets, job.device_name, db_url, options, extra, progress)
+        counts = run_shard(job.targets, job.device_name, db_url, options, extra, progress,
+                           claim)
     except KeyboardInterrupt:
         events.put(("failed", job.index, "interrupted"))
         raise SystemExit(130) from None
@@ -296,7 +332,14 @@ class _Board:
             return
         done = sum(p.done for p in self.latest.values())
         known = len(self.latest) == len(self.jobs)
-        total = sum(p.total for p in self.latest.values()) if known else None
+        total = None
+        if known:  # jobs sharing a key list each plan all of it: count a group once
+            per_group: dict[int, int] = {}
+            for j in self.jobs:
+                t = self.latest[j.index].total
+                per_group[j.group] = max(per_group.get(j.group, 0), t) if j.shared \
+                    else per_group.get(j.group, 0) + t
+            total = sum(per_group.values())
         running = len(self.jobs) - len(self.ended)
         desc = f"{len(self.jobs)} workers, {running} running"
         self.on_update(done, total, desc)
@@ -335,7 +378,9 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
     extra = extra_specs(t.op for j in jobs for t in j.targets)
     results = {j.index: WorkerResult(j.index, j.device_name) for j in jobs}
     board = _Board(jobs, on_update)
-    procs = [ctx.Process(target=_worker, args=(j, db_url, options, extra, events),
+    claims = {j.group: ctx.Array("b", len(j.targets)) for j in jobs if j.shared}
+    procs = [ctx.Process(target=_worker, args=(j, db_url, options, extra, events,
+                                               claims.get(j.group) if j.shared else None),
                          name=f"kdispatch-tune-{j.device_name}-{j.index}", daemon=False)
              for j in jobs]
 
@@ -397,7 +442,7 @@ def failure_message(results: Sequence[WorkerResult]) -> str | None:
 def tune_local(runs: Sequence[GroupRun], store: Any, *, budget_minutes: float | None = None,
                seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
                ) -> list[WorkerResult]:
-    """Shard every group's keys over its devices, run the workers, then summarize.
+    """Hand every group's keys to its devices, run the workers, then summarize.
 
     Each :class:`GroupRun` gets ``summaries`` read back from the database
     (:func:`~kdispatch.tuning.sweep.summarize` over all its keys), so the table is the one

@@ -101,6 +101,7 @@ class SweepResult:
     skipped: int = 0
     stopped: str | None = None  # "budget" when the budget ran out
     notes: list[str] = field(default_factory=list)
+    keys: int = 0  # keys this call took (all of them, unless ``claim`` gave some elsewhere)
 
 
 # -- devices -----------------------------------------------------------------------------------
@@ -343,7 +344,8 @@ def _timed(spec: OpSpec, config: OpConfig, sets: list[dict[str, Any]], tdev: Any
 def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, store: Store,
          budget_minutes: float | None = None,
          progress: Callable[[Progress], None] | None = None, seed: int = 0,
-         mark_misses: bool = False, reps: int | None = None) -> SweepResult:
+         mark_misses: bool = False, reps: int | None = None,
+         claim: Callable[[int], bool] | None = None) -> SweepResult:
     """Tune ``targets`` on one device, committing each measurement as it completes.
 
     Parameters
@@ -367,6 +369,10 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         Mark each fully tuned key's recorded miss as tuned (``--from-misses``).
     reps : int, optional
         Timed samples per candidate (default: see :func:`time_call`).
+    claim : callable, optional
+        ``claim(i)`` is asked before key ``i`` of ``targets`` starts; False means another
+        worker took it, and it is skipped. Workers sharing one claim register and one target
+        list take keys on demand, so a worker that drew cheap keys takes more of them.
 
     Returns
     -------
@@ -406,6 +412,10 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     status = "failed"
     try:
         for ki, (t, spec, key, todo) in enumerate(work):
+            if claim is not None and not claim(ki):
+                continue
+            result.keys += 1
+
             def report(last: str = "") -> None:
                 if progress is None:
                     return
@@ -518,20 +528,22 @@ def summarize(store: Store, device: Device, targets: Sequence[TuneTarget]) -> li
 def tune_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str, *,
                budget_minutes: float | None = None, seed: int = 0,
                mark_misses: bool = False,
-               progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+               progress: Callable[[Progress], None] | None = None,
+               claim: Callable[[int], bool] | None = None) -> dict[str, Any]:
     """Worker entry for one shard: its own device and store handle, the shared database.
 
     Picklable arguments only, so it runs under ``multiprocessing`` (spawn) or as a Ray task.
     Returns plain counts; read the summary with :func:`summarize` once all shards end.
-    ``progress`` is called in the worker (e.g. to forward events to a queue).
+    ``progress`` is called in the worker (e.g. to forward events to a queue); ``claim`` as
+    in :func:`tune` (keys handed out on demand among local workers).
     """
     device, tdev = resolve_device(device_name)
     store = Store(db_url)
     try:
         res = tune(targets, device=device, torch_device=tdev, store=store,
                    budget_minutes=budget_minutes, seed=seed, mark_misses=mark_misses,
-                   progress=progress)
+                   progress=progress, claim=claim)
     finally:
         store.dispose()
     return {"device": device.key, "run_id": res.run_id, "measured": res.measured,
-            "skipped": res.skipped, "stopped": res.stopped, "keys": len(targets)}
+            "skipped": res.skipped, "stopped": res.stopped, "keys": res.keys}

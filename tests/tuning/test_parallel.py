@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pickle
 import subprocess
 from collections import Counter
@@ -21,7 +22,7 @@ from kdispatch.store import MeasurementIn, Store, digest
 from kdispatch.tuning import parallel, sweep
 
 N_KEYS, N_CANDS = 3, len(fakeops.BLOCKS)
-KEYS_N = (64, 256, 1024)  # the fake preset's keys; round-robin: worker 0 gets 64 and 1024
+KEYS_N = (64, 256, 1024)  # the fake preset's keys (round-robin: worker 0 gets 64 and 1024)
 
 
 class FlakySpec(fakeops.FakeSpec):
@@ -82,18 +83,20 @@ def test_two_cpu_workers_tune_every_key_exactly_once(two_worker_run):
         runs = s.runs()
         assert [x.status for x in runs] == ["done", "done"]
         assert len({x.pid for x in runs}) == 2
-        # each worker tuned whole keys of its own shard, none of the other's
-        keys_by_run = {x.id: {json.loads(m.key_json)["n"] for m in rows if m.run_id == x.id}
-                       for x in runs}
-        assert sorted(map(sorted, keys_by_run.values())) == [[64, 1024], [256]]
+        # keys are handed out whole: every key's rows come from one worker's run
+        run_of_key = {}
+        for m in rows:
+            run_of_key.setdefault(json.loads(m.key_json)["n"], set()).add(m.run_id)
+        assert sorted(run_of_key) == sorted(KEYS_N)
+        assert all(len(r) == 1 for r in run_of_key.values())
     finally:
         s.dispose()
-    # both worker processes ran the op, and neither was the parent
+    # the op ran only in the worker processes (never the parent), no key in both
     ran = _log(log)
     pids = {pid for pid, _, _ in ran}
-    assert len(pids) == 2 and {x.pid for x in runs} == pids
+    assert pids <= {x.pid for x in runs} and os.getpid() not in pids
     by_pid = {pid: {n for p, n, _ in ran if p == pid} for pid in pids}
-    assert not set.intersection(*by_pid.values())  # no key ran in both workers
+    assert sum(len(v) for v in by_pid.values()) == N_KEYS  # no key ran in two workers
     # the summary is the single-device table over every key
     out = r.stdout
     assert "tuning summary" in out and "2 workers: cpu, cpu" in out
@@ -173,8 +176,8 @@ def test_a_failing_worker_is_reported_by_device_after_the_others_finish(tmp_path
     r = subprocess.run(_cli(db, flaky=True), env=fakeops.subprocess_env(KD_FAKE_LOG=str(log)),
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "1 of 2 tuning workers failed (worker 0 on cpu failed: TypeError: a bug only " \
-           "n=1024 reaches)" in r.stderr
+    assert re.search(r"1 of 2 tuning workers failed \(worker [01] on cpu failed: TypeError: "
+                     r"a bug only n=1024 reaches\)", r.stderr), r.stderr
     assert "Traceback" in r.stderr  # the worker's own traceback, for debugging
     assert "tuning summary" in r.stdout  # what was committed is still summarized
     s = Store(db)
@@ -182,7 +185,8 @@ def test_a_failing_worker_is_reported_by_device_after_the_others_finish(tmp_path
         runs = {x.pid: x.status for x in s.runs()}
         assert sorted(runs.values()) == ["done", "failed"]
         got = Counter(json.loads(m.key_json)["n"] for m in s.measurements(op="tune_fake"))
-        # worker 1 finished its key; worker 0 kept key 64 and n=1024's configs before the bug
+        # the other keys were finished (by either worker); the worker that took n=1024 kept
+        # the configs it measured before the bug
         assert got[256] == N_CANDS and got[64] == N_CANDS
         assert 0 < got[1024] < N_CANDS
     finally:
@@ -219,11 +223,16 @@ def test_different_devices_form_separate_groups_whose_keys_never_mix(tmp_path):
     s = Store(str(tmp_path / "plan.sqlite"))
     runs = [parallel.GroupRun(g, parallel.plan_targets(s, g.device, ["fake"], None)[0])
             for g in groups]
-    jobs = parallel.make_jobs(runs)
-    assert [(j.device_name, j.device_key, [t.key["n"] for t in j.targets]) for j in jobs] == [
-        ("cuda:0", "nvidia-h100", [64, 1024]), ("cuda:2", "nvidia-h100", [256]),
-        ("cuda:1", "nvidia-h200", [64, 256, 1024])]
-    for j in jobs:
+    jobs = parallel.make_jobs(runs)  # on demand: a group's devices share its key list
+    assert [(j.device_name, j.device_key, [t.key["n"] for t in j.targets], j.group, j.shared)
+            for j in jobs] == [
+        ("cuda:0", "nvidia-h100", [64, 256, 1024], 0, True),
+        ("cuda:2", "nvidia-h100", [64, 256, 1024], 0, True),
+        ("cuda:1", "nvidia-h200", [64, 256, 1024], 1, False)]
+    fixed = parallel.make_jobs(runs, on_demand=False)  # round-robin shards
+    assert [(j.device_name, [t.key["n"] for t in j.targets]) for j in fixed] == [
+        ("cuda:0", [64, 1024]), ("cuda:2", [256]), ("cuda:1", [64, 256, 1024])]
+    for j in jobs + fixed:
         assert {t.key["device"] for t in j.targets} == {j.device_key}
     # and a worker refuses keys of another device rather than tuning them into its table
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -231,6 +240,26 @@ def test_different_devices_form_separate_groups_whose_keys_never_mix(tmp_path):
             parallel.run_shard(jobs[2].targets[:1], "cpu", s.url, {}, pickle.dumps([]))
         assert s.counts()["measurements"] == 0
     s.dispose()
+
+
+def test_claims_hand_each_key_to_one_worker_and_tune_skips_the_others(tmp_path):
+    import multiprocessing as mp
+
+    claims = mp.get_context("spawn").Array("b", 3)
+    a, b = parallel.claimer(claims), parallel.claimer(claims)
+    assert [a(0), b(0), b(1), a(1), a(2)] == [True, False, True, False, True]
+    # in one tune(): keys another worker claimed are skipped, the rest tuned
+    dev, tdev = sweep.resolve_device("cpu")
+    s = Store(str(tmp_path / "claims.sqlite"))
+    try:
+        targets, _ = sweep.plan(dev, ["fake"])
+        taken = {1}
+        res = sweep.tune(targets, device=dev, torch_device=tdev, store=s,
+                         claim=lambda i: i not in taken)
+        got = {json.loads(m.key_json)["n"] for m in s.measurements(op="tune_fake")}
+        assert res.keys == N_KEYS - 1 and got == set(KEYS_N) - {targets[1].key["n"]}
+    finally:
+        s.dispose()
 
 
 def test_runtime_registered_ops_are_shipped_to_workers_and_builtins_are_not():
