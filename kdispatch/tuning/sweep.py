@@ -260,7 +260,8 @@ def candidate_list(spec: OpSpec, key: Any, cap: int | None = None,
     when it is not itself in the pruned candidate space: such a config is timed for
     comparison only and is never stored as a best config (kv_write's indexed writes cannot
     skip negative slots, so a table must never select them). With ``cap``, the heuristic
-    and baseline are kept and the rest is sampled evenly.
+    and baseline are kept, then the first half of the remaining room in the op's order
+    (its closest variants of the heuristic), then the rest sampled evenly.
     """
     heur = spec.heuristic(key)
     out: dict[str, tuple[OpConfig, Role]] = {}
@@ -282,9 +283,13 @@ def candidate_list(spec: OpSpec, key: Any, cap: int | None = None,
             rest = [r for r in rest if digest(r[0].model_dump(mode="json")) != d]
             chosen.append((base, role))
     if cap is not None and len(chosen) + len(rest) > cap:
+        # the first half of the room in the op's order (specs list the most telling
+        # variants of the heuristic first), the other half spread over the remainder
         room = max(cap - len(chosen), 0)
-        step = len(rest) / room if room else 0
-        rest = [rest[int(i * step)] for i in range(room)]
+        head = (room + 1) // 2
+        tail = rest[head:]
+        step = len(tail) / (room - head) if room > head else 0
+        rest = rest[:head] + [tail[int(i * step)] for i in range(room - head)]
     return chosen + rest
 
 

@@ -270,3 +270,22 @@ def test_from_misses_tunes_exactly_the_recorded_keys(tmp_path):
     assert s.misses(device_key="cpu-interpreter") == []  # all marked tuned
     assert len(s.misses(include_tuned=True)) == 2
     s.dispose()
+
+
+def test_capped_candidates_keep_the_ops_first_variants():
+    """A capped sweep keeps the op's first-listed variants of the heuristic (for decode: its
+    pdl and merge twins), then spreads the rest: an evenly sampled cap of 12 once skipped
+    the pdl twin that later measured fastest at deepseek b32 x 16k."""
+    from kdispatch.kernels.decode_attention import SPEC as DECODE
+
+    key = DECODE.key(Device.from_key("nvidia-h200"), dict(
+        batch=32, context=16384, num_q_heads=16, num_kv_heads=1, head_dim=576,
+        head_dim_v=512, page_size=16))
+    full = [c for c, _ in sweep.candidate_list(DECODE, key)]
+    capped = [c for c, _ in sweep.candidate_list(DECODE, key, cap=12)]
+    h = DECODE.heuristic(key)
+    assert len(capped) == 12 and capped[0] == h and len(set(capped)) == 12
+    for twin in (h.model_copy(update={"pdl": True, "merge": False}),
+                 h.model_copy(update={"merge": not h.merge})):
+        assert twin in capped
+    assert capped[-1] in full[len(full) // 2:]  # and reaches into the far end of the list
