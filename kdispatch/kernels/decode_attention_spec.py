@@ -173,8 +173,12 @@ def _default_block_h(key: DecodeKey) -> int:
 
 
 def _merges(key: DecodeKey, splits: int) -> bool:
-    """Whether a grid of ``splits`` merges in its last stage-1 program (no reduce kernel)."""
-    return key.latent and 1 < splits <= MERGE_MAX_SPLITS_LATENT
+    """Whether a grid of ``splits`` merges in its last stage-1 program (no reduce kernel).
+
+    NVIDIA only, where it was measured; elsewhere the merge stays a tuning candidate (the
+    tuner verifies it before timing it) until a device of that vendor has measured it.
+    """
+    return key.vendor == "nvidia" and key.latent and 1 < splits <= MERGE_MAX_SPLITS_LATENT
 
 
 def _split_count(key: DecodeKey, block_h: int, block_n: int) -> int:

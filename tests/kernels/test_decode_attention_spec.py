@@ -201,3 +201,13 @@ def test_merge_is_a_candidate_for_split_grids(device):
 def test_heuristic_merges_latent_grids_of_few_splits(kw, splits, merge):
     h = SPEC.heuristic(key(**kw))
     assert (h.num_kv_splits, h.merge, h.pdl) == (splits, merge, False)
+
+
+def test_merge_heuristic_only_where_measured():
+    kw = dict(batch=64, num_q_heads=16, context=16384)
+    nv = SPEC.heuristic(SPEC.key(H200, {**KIMI, **kw}))
+    assert 1 < nv.num_kv_splits <= 8 and nv.merge  # measured on the H200
+    k = SPEC.key(Device.from_key("amd-mi355x"), {**KIMI, **kw})
+    h = SPEC.heuristic(k)
+    assert 1 < h.num_kv_splits <= 8 and not h.merge  # not measured on AMD: a candidate only
+    assert h.model_copy(update={"merge": True}) in list(SPEC.candidates(k))
