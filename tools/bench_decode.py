@@ -5,8 +5,8 @@ checked against the fp32 reference before it is timed; times are per-call median
 CUDA-graph replays (triton.testing.do_bench), each graph holding enough calls to last about
 1 ms (so a replay's launch latency is spread as in a serving step) and rotating among input
 sets when the working set is under 4x L2. The heuristic is also timed one call per graph
-(the method of sessions 1-4), reported as ``us_one_call_per_graph``. The HBM read ceiling is measured in the same run with a
-streaming-read Triton kernel over 4 GiB.
+(the method of sessions 1-4), reported as ``us_one_call_per_graph``. The HBM read ceiling
+is measured in the same run with a streaming-read Triton kernel over 4 GiB.
 
 Usage (on the device)::
 
@@ -132,6 +132,9 @@ def live_bytes(s: Shape) -> int:
     return s.batch * s.context * per_tok + s.batch * s.hq * (s.dk + s.dv) * 2
 
 
+#: the rows of each shape: split count 1, the heuristic, its twins (the reduce launched
+#: early; the other way to merge the splits), and the best config timed
+LABELS = ("splits=1", "heuristic", "heuristic-pdl", "heuristic-merge-twin", "sweep-best")
 #: a timed graph holds enough calls to last about this long, so a replay's own launch
 #: latency (several us) is spread thin, as in a serving step's graph of many kernels
 GRAPH_US = 1000.0
@@ -230,8 +233,7 @@ def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[R
     rows = []
     ok = {c: r[1] for c, r in results.items() if r[0] == "ok"}
     best = min(ok, key=lambda c: ok[c][0]) if ok else None
-    for label, cfg in (("splits=1", base), ("heuristic", heur), ("heuristic-pdl", early),
-                       ("heuristic-merge-twin", twin), ("sweep-best", best)):
+    for label, cfg in zip(LABELS, (base, heur, early, twin, best)):
         if cfg is None or cfg not in ok:
             status = results.get(cfg, ("missing",))[0] if cfg is not None else "none"
             rows.append(Row(s.name, label, cfg.model_dump() if cfg else {}, float("nan"),
@@ -244,7 +246,8 @@ def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[R
                         100 * gbs / ceiling, err,
                         tflops=flops / us / 1e6 if s.hq >= 64 else None))
     if heur in ok:  # the previous method: one call per graph replay (launch latency in)
-        rows[1].extra["us_one_call_per_graph"] = time_config(heur, sets[:1], calls=1)[0]
+        row = next(r for r in rows if r.label == "heuristic")
+        row.extra["us_one_call_per_graph"] = time_config(heur, sets[:1], calls=1)[0]
     bad = {str(c.model_dump()): r for c, r in results.items() if r[0] != "ok"}
     rows[-1].extra = {"candidates": len(cands), "timed": len(ok), "rejected": bad,
                       "all": {json.dumps(c.model_dump()): v[0] for c, v in ok.items()}}
@@ -294,14 +297,13 @@ def write(path, dev, ceiling, skipped, rows) -> None:
 
 
 def table(rows) -> None:
-    labels = ("splits=1", "heuristic", "heuristic-pdl", "heuristic-merge-twin", "sweep-best")
     print(f"{'shape':36s} {'split1':>14s} {'heuristic':>14s} {'with pdl':>14s} "
           f"{'merge twin':>14s} {'best':>14s} {'h/best':>6s} {'h 1/graph':>9s}")
     by = {}
     for r in rows:
         by.setdefault(r.shape, {})[r.label] = r
     for name, d in by.items():
-        cells = [f"{d[k].us:7.1f}us {d[k].pct_ceiling:4.0f}%" for k in labels]
+        cells = [f"{d[k].us:7.1f}us {d[k].pct_ceiling:4.0f}%" for k in LABELS]
         ratio = d["heuristic"].us / d["sweep-best"].us
         one = d["heuristic"].extra.get("us_one_call_per_graph", float("nan"))
         tf = f" {d['sweep-best'].tflops:.0f}TF" if d["sweep-best"].tflops else ""

@@ -6,7 +6,8 @@ group's devices, and runs :func:`kdispatch.tuning.sweep.tune_shard` in one spawn
 per device, every worker writing to the same database URL. Keys are handed out on demand:
 the workers of a group share the group's key list and a register of claimed keys, and each
 takes the next unclaimed key when it is free (a fixed round-robin split left one of two
-H200s idle for a third of a run while the other tuned the costly keys; docs/benchmarks.md). Devices with the same key (identical GPUs) tune one table
+H200s idle for a third of a run while the other tuned the costly keys; docs/benchmarks.md).
+Devices with the same key (identical GPUs) tune one table
 together; devices with different keys never share a key, so their rows never mix.
 
 ``--device cpu,cpu`` runs two Triton-interpreter workers: the interpreter key is shared, so
@@ -378,7 +379,8 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
     extra = extra_specs(t.op for j in jobs for t in j.targets)
     results = {j.index: WorkerResult(j.index, j.device_name) for j in jobs}
     board = _Board(jobs, on_update)
-    claims = {j.group: ctx.Array("b", len(j.targets)) for j in jobs if j.shared}
+    sizes = {j.group: len(j.targets) for j in jobs if j.shared}  # one register per group
+    claims = {g: ctx.Array("b", n) for g, n in sizes.items()}
     procs = [ctx.Process(target=_worker, args=(j, db_url, options, extra, events,
                                                claims.get(j.group) if j.shared else None),
                          name=f"kdispatch-tune-{j.device_name}-{j.index}", daemon=False)
