@@ -50,12 +50,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kdispatch.kernels._common import (check_runnable, check_tensor, interpreting,
-                                       supports_pdl)
+from kdispatch.kernels._common import check_tensor, interpreting, supports_pdl
+from kdispatch.kernels.decode_attention_checks import check_decode_inputs, shares_latent
 
 LOG2E = 1.4426950408889634
 #: splits merged per iteration of the reduce
-_REDUCE_SPLIT_CHUNK = 16
+_REDUCE_SPLIT_CHUNK = 8
 #: a shared latent at least this wide (and a power of two) runs ``_decode_stage1_latent``
 #: (two half-width tiles); measured on the H200 at DV 512 only (docs/decode_notes.md v3)
 SPLIT_LATENT_MIN_DV = 512
@@ -404,67 +404,25 @@ def _decode_reduce(
 
 
 # -- host side ------------------------------------------------------------------------------
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def shares_latent(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """True when ``v_cache`` addresses the first Dv columns of ``k_cache`` (absorbed MLA).
-
-    Decided from host metadata only (data pointer, shapes, strides), so it is
-    capture-safe: then the kernel reuses each loaded K tile as the V tile. Any other
-    ``v_cache`` (a separate tensor, or a view at another offset) is read on its own.
-    """
-    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.dtype == k_cache.dtype
-            and v_cache.shape[:3] == k_cache.shape[:3]
-            and v_cache.stride()[:3] == k_cache.stride()[:3]
-            and v_cache.shape[3] <= k_cache.shape[3])
-
-
-def check_decode_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
-                        seq_lens: Any) -> None:
-    """Raise ValueError naming the offending argument when the inputs do not fit the op.
-
-    Reads shapes, dtypes, strides and devices only (never device memory).
-    """
-    check_tensor("q", q, ndim=3, dtypes=_DTYPES, last_contiguous=True)
-    check_runnable("q", q)
-    dev = q.device
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=_DTYPES, device=dev, last_contiguous=True)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=dev,
-                 last_contiguous=True)
-    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=dev)
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=dev)
-    b, hq, dk = q.shape
-    nb, page, hk, dk_c = k_cache.shape
-    if tuple(v_cache.shape[:3]) != (nb, page, hk):
-        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must match k_cache's "
-                         f"{tuple(k_cache.shape[:3])} in its first three dims")
-    if dk_c != dk:
-        raise ValueError(f"k_cache: head dim {dk_c} != q's head dim {dk}")
-    dv = v_cache.shape[3]
-    if dv > dk or dv < 1:
-        raise ValueError(f"v_cache: head dim {dv} must be in [1, {dk}] (q/k head dim)")
-    if dk - dv > 256:
-        raise ValueError(f"v_cache: head dim {dv} leaves {dk - dv} extra q/k columns; "
-                         "at most 256 are supported")
-    if dv > 512:
-        raise ValueError(f"v_cache: head dim {dv} > 512 is not supported")
-    if hk < 1 or hq % hk:
-        raise ValueError(f"q: {hq} heads is not a multiple of k_cache's {hk} kv heads")
-    if block_table.shape[0] != b:
-        raise ValueError(f"block_table: {block_table.shape[0]} rows for a batch of {b}")
-    if block_table.shape[1] < 1:
-        raise ValueError("block_table: needs at least one page column")
-    if seq_lens.shape[0] != b:
-        raise ValueError(f"seq_lens: {seq_lens.shape[0]} entries for a batch of {b}")
-    if b < 1 or hq < 1:
-        raise ValueError(f"q: empty batch or head dim in shape {tuple(q.shape)}")
-    if page < 1 or page & (page - 1):
-        raise ValueError(f"k_cache: page size {page} must be a power of two")
-
-
 def _p2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _reduce_shape(pairs: int, dv: int) -> tuple[int, int]:
+    """``(BLOCK_DV, num_warps)`` of the reduce over ``pairs`` (q head, request) pairs.
+
+    About 32 partial values per thread and split chunk: one warp over 32-128 columns
+    while pairs are few (more, smaller programs), four warps over 512 columns once they
+    are many. H200 (``tools/experiments/reduce_sweep.py``, docs/decode_notes.md v6): 3.5
+    vs 8.6 us at deepseek TP8 b32 (8 splits), 7.6 vs 50 us at TP1 b32, 6.0 vs 8.2 us at
+    kimi b1 (132 splits), against one 4-warp program per 128 columns.
+    """
+    block_d = _p2(dv)
+    if pairs >= 512:
+        block_dv = min(block_d, 512)
+    else:
+        block_dv = max(32, min(128, block_d, 1 << max(0, (pairs * dv // 512).bit_length() - 1)))
+    return block_dv, max(1, block_dv // 128)
 
 
 def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
@@ -552,7 +510,8 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     # merge: one arrival counter per (request, head block), zeroed per call (stream-ordered,
     # so concurrent calls on other streams and graph replays never share one)
     cnt = torch.zeros((b, hk * head_blocks), dtype=torch.int32, device=q.device) if merge else pl
-    merge_args = dict(MERGE=merge, BLOCK_C=min(block_d, 128), SPLITS_P2=max(16, _p2(splits)))
+    splits_p2 = max(16, _p2(splits))
+    merge_args = dict(MERGE=merge, BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2)
     grid = (hk * head_blocks, splits, b)
     if shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV:
         _decode_stage1_latent[grid](
@@ -586,13 +545,14 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
             num_stages=int(config.num_stages),
         )
     if not direct and not merge:
-        block_dv = min(block_d, 128)
+        block_dv, reduce_warps = _reduce_shape(hq * b, dv)
         _decode_reduce[(hq, triton.cdiv(dv, block_dv), b)](
             seq_lens, po, pl, out, window, max_len,
             seq_lens.stride(0), *spo, *spl, out.stride(0), out.stride(1),
             DV=dv, BLOCK_DV=block_dv, BLOCK_N=block_n, NUM_KV_SPLITS=splits,
-            SPLITS_P2=max(16, _p2(splits)), SPLIT_CHUNK=_REDUCE_SPLIT_CHUNK, SLIDING=sliding,
-            USE_PDL=pdl, num_warps=4, num_stages=2, **({"launch_pdl": True} if pdl else {}),
+            SPLITS_P2=splits_p2, SPLIT_CHUNK=_REDUCE_SPLIT_CHUNK, SLIDING=sliding,
+            USE_PDL=pdl, num_warps=reduce_warps, num_stages=2,
+            **({"launch_pdl": True} if pdl else {}),
         )
     return out
 
