@@ -397,7 +397,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         check_kernel_mode(spec, device.is_interpreter)
     hashes = {op: spec.source_hash() for op, spec in specs.items()}
 
-    work = []  # (target, spec, key, [(cfg, role)], todo count)
+    work = []  # (target, spec, key, [(cfg, role)] to measure, candidates measured before)
     total = 0
     for t in targets:
         spec = specs[t.op]
@@ -408,7 +408,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         have = store.measured_configs(t.op, t.key, hashes[t.op])
         todo = [(c, h) for c, h in cands if _config_digest(c) not in have]
         total += len(todo)
-        work.append((t, spec, key, todo))
+        work.append((t, spec, key, todo, len(cands) - len(todo)))
 
     result = SweepResult(device=device, run_id=None, summaries=[])
     result.run_id = store.start_run(device, hashes)
@@ -416,10 +416,11 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     measure_s = 0.0
     status = "failed"
     try:
-        for ki, (t, spec, key, todo) in enumerate(work):
+        for ki, (t, spec, key, todo, measured_before) in enumerate(work):
             if claim is not None and not claim(ki):
                 continue
             result.keys += 1
+            result.skipped += measured_before
 
             def report(last: str = "") -> None:
                 if progress is None:

@@ -75,7 +75,10 @@ def test_heuristic_fills_device_for_kimi():
     programs = k.batch * cfg.num_kv_splits
     assert programs >= k.cu_count and cfg.num_kv_splits > 1
     assert SPEC.is_valid(k, cfg)
-    assert kdispatch.resolve("decode_attention", device="nvidia-h200", **KIMI) == cfg
+    # the shipped H200 table keeps the heuristic's tile at this key (session 6: its pdl twin)
+    got = kdispatch.resolve("decode_attention", device="nvidia-h200", **KIMI)
+    plain = {"pdl": False, "merge": False}
+    assert got.model_copy(update=plain) == cfg.model_copy(update=plain)
 
 
 def test_heuristic_large_batch_one_split():
@@ -191,7 +194,7 @@ def test_merge_is_a_candidate_for_split_grids(device):
 
 
 @pytest.mark.parametrize("kw,splits,merge", [
-    (dict(batch=32, num_q_heads=16, context=16384), 8, True),    # deepseek TP8 b32 x 16k
+    (dict(batch=32, num_q_heads=16, context=16384), 8, False),   # deepseek TP8 b32 x 16k
     (dict(batch=32, num_q_heads=128, context=16384), 2, True),   # TP1: 2 blocks of 64 heads
     ({}, 33, False),                                             # kimi b8: serial merge of 33
     (dict(batch=1, context=65536), 128, False),
@@ -204,10 +207,10 @@ def test_heuristic_merges_latent_grids_of_few_splits(kw, splits, merge):
 
 
 def test_merge_heuristic_only_where_measured():
-    kw = dict(batch=64, num_q_heads=16, context=16384)
+    kw = dict(batch=32, num_q_heads=128, context=16384)
     nv = SPEC.heuristic(SPEC.key(H200, {**KIMI, **kw}))
-    assert 1 < nv.num_kv_splits <= 8 and nv.merge  # measured on the H200
+    assert 1 < nv.num_kv_splits <= 4 and nv.merge  # measured on the H200
     k = SPEC.key(Device.from_key("amd-mi355x"), {**KIMI, **kw})
     h = SPEC.heuristic(k)
-    assert 1 < h.num_kv_splits <= 8 and not h.merge  # not measured on AMD: a candidate only
+    assert 1 < h.num_kv_splits <= 4 and not h.merge  # not measured on AMD: a candidate only
     assert h.model_copy(update={"merge": True}) in list(SPEC.candidates(k))
