@@ -384,21 +384,26 @@ def _decode_reduce(
     pl = PL + b * stride_plb + h * stride_plh
     offs_s = tl.arange(0, SPLITS_P2)
     lse = tl.load(pl + offs_s, mask=offs_s < n_valid, other=float("-inf"))
-    m = tl.max(lse, 0)
+    m = tl.max(lse, 0)  # a max is exact in any order
     m = tl.where(m == float("-inf"), 0.0, m)
-    denom = tl.sum(tl.exp2(lse - m), 0)
 
+    # the weights' sum and the weighted sum both reduce the [SPLIT_CHUNK, BLOCK_DV] tile
+    # over its split rows, which every launch shape keeps in one thread: the bits do not
+    # depend on BLOCK_DV or the warps (_reduce_shape varies them with the batch)
     offs_d = d_blk * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_mask = offs_d < DV
     po = PO + b * stride_pob + h * stride_poh
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    denom = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for s0 in range(0, n_valid, SPLIT_CHUNK):
         offs_c = s0 + tl.arange(0, SPLIT_CHUNK)
         c_mask = offs_c < n_valid
         w = tl.exp2(tl.load(pl + offs_c, mask=c_mask, other=float("-inf")) - m)
         o = tl.load(po + offs_c[:, None] * stride_pos + offs_d[None, :],
                     mask=c_mask[:, None] & d_mask[None, :], other=0.0)
-        acc += tl.sum(w[:, None] * o, 0)
+        w2 = tl.broadcast_to(w[:, None], [SPLIT_CHUNK, BLOCK_DV])
+        acc += tl.sum(w2 * o, 0)
+        denom += tl.sum(w2, 0)
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
@@ -413,7 +418,8 @@ def _reduce_shape(pairs: int, dv: int) -> tuple[int, int]:
 
     About 32 partial values per thread and split chunk: one warp over 32-128 columns
     while pairs are few (more, smaller programs), four warps over 512 columns once they
-    are many. H200 (``tools/experiments/reduce_sweep.py``, docs/decode_notes.md v6): 3.5
+    are many. Every shape has ``BLOCK_DV >= 32 x warps``, so a thread holds whole columns
+    and the merged bits are the same for every shape (batch invariance). H200 (``tools/experiments/reduce_sweep.py``, docs/decode_notes.md v6): 3.5
     vs 8.6 us at deepseek TP8 b32 (8 splits), 7.6 vs 50 us at TP1 b32, 6.0 vs 8.2 us at
     kimi b1 (132 splits), against one 4-warp program per 128 columns.
     """

@@ -53,6 +53,31 @@ def test_kimi_mla_graph_capture_and_replay_ragged():
         _close(out, reference_decode_attention(q, k, v, bt, sl, scale=scale))
 
 
+def test_batch_invariant_bits_across_reduce_launch_shapes():
+    # 40 requests x 16 heads = 640 (head, request) pairs launch the reduce as four warps
+    # over 512 columns, one request alone as one warp over 32: the request's bits must
+    # not change (> 32 splits, so the split-weight sum once ran across warps)
+    from kdispatch.kernels.decode_attention import _reduce_shape
+    assert _reduce_shape(40 * 16, 512) != _reduce_shape(16, 512)
+    torch.manual_seed(3)
+    b, hq, dk, dv, page, cap = 40, 16, 576, 512, 16, 65536
+    nb = 2000  # pages may repeat across requests: reads only
+    k = torch.randn(nb, page, 1, dk, device="cuda", dtype=torch.bfloat16)
+    v = k[..., :dv]
+    q = torch.randn(b, hq, dk, device="cuda", dtype=torch.bfloat16)
+    bt = torch.randint(0, nb, (b, cap // page), device="cuda", dtype=torch.int32)
+    sl = torch.randint(3000, 6001, (b,), device="cuda", dtype=torch.int32)
+    kw = dict(scale=dk ** -0.5, batch_invariant=True)
+    cfg = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
+                            seq_lens=sl, batch_invariant=True)
+    assert cfg.num_kv_splits > 32 and not cfg.merge
+    batched = kdispatch.decode_attention(q, k, v, bt, sl, **kw)
+    for r in (0, 17, b - 1):
+        alone = kdispatch.decode_attention(q[r:r + 1], k, v, bt[r:r + 1], sl[r:r + 1], **kw)
+        assert torch.equal(batched[r:r + 1], alone)
+    _close(batched, reference_decode_attention(q, k, v, bt, sl, scale=dk ** -0.5))
+
+
 def test_resolve_and_launch_without_sync():
     q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(300, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
