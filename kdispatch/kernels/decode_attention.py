@@ -384,26 +384,21 @@ def _decode_reduce(
     pl = PL + b * stride_plb + h * stride_plh
     offs_s = tl.arange(0, SPLITS_P2)
     lse = tl.load(pl + offs_s, mask=offs_s < n_valid, other=float("-inf"))
-    m = tl.max(lse, 0)  # a max is exact in any order
+    m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp2(lse - m), 0)
 
-    # the weights' sum and the weighted sum both reduce the [SPLIT_CHUNK, BLOCK_DV] tile
-    # over its split rows, which every launch shape keeps in one thread: the bits do not
-    # depend on BLOCK_DV or the warps (_reduce_shape varies them with the batch)
     offs_d = d_blk * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_mask = offs_d < DV
     po = PO + b * stride_pob + h * stride_poh
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    denom = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for s0 in range(0, n_valid, SPLIT_CHUNK):
         offs_c = s0 + tl.arange(0, SPLIT_CHUNK)
         c_mask = offs_c < n_valid
         w = tl.exp2(tl.load(pl + offs_c, mask=c_mask, other=float("-inf")) - m)
         o = tl.load(po + offs_c[:, None] * stride_pos + offs_d[None, :],
                     mask=c_mask[:, None] & d_mask[None, :], other=0.0)
-        w2 = tl.broadcast_to(w[:, None], [SPLIT_CHUNK, BLOCK_DV])
-        acc += tl.sum(w2 * o, 0)
-        denom += tl.sum(w2, 0)
+        acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
@@ -413,21 +408,17 @@ def _p2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _reduce_shape(pairs: int, dv: int) -> tuple[int, int]:
-    """``(BLOCK_DV, num_warps)`` of the reduce over ``pairs`` (q head, request) pairs.
+def _reduce_shape(heads: int, dv: int) -> tuple[int, int]:
+    """``(BLOCK_DV, num_warps)`` of the reduce for ``heads`` q heads.
 
-    About 32 partial values per thread and split chunk: one warp over 32-128 columns
-    while pairs are few (more, smaller programs), four warps over 512 columns once they
-    are many. Every shape has ``BLOCK_DV >= 32 x warps``, so a thread holds whole columns
-    and the merged bits are the same for every shape (batch invariance). H200 (``tools/experiments/reduce_sweep.py``, docs/decode_notes.md v6): 3.5
-    vs 8.6 us at deepseek TP8 b32 (8 splits), 7.6 vs 50 us at TP1 b32, 6.0 vs 8.2 us at
-    kimi b1 (132 splits), against one 4-warp program per 128 columns.
+    One warp over up to 128 columns; four warps over 512 columns from 64 heads on. From
+    the head count only, never the batch, so a request's merged bits do not depend on
+    what it is batched with. H200 (``tools/experiments/reduce_sweep.py``, docs/
+    decode_notes.md v6), against one 4-warp program per 128 columns: deepseek TP8 b32
+    (8 splits) 3.7 vs 8.6 us, kimi b8 (33 splits) 4.1 vs 6.9, kimi b1 (132 splits) 7.8 vs
+    8.2, TP1 (128 heads) 7.6 vs 50 us.
     """
-    block_d = _p2(dv)
-    if pairs >= 512:
-        block_dv = min(block_d, 512)
-    else:
-        block_dv = max(32, min(128, block_d, 1 << max(0, (pairs * dv // 512).bit_length() - 1)))
+    block_dv = min(_p2(dv), 512 if heads >= 64 else 128)
     return block_dv, max(1, block_dv // 128)
 
 
@@ -551,7 +542,7 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
             num_stages=int(config.num_stages),
         )
     if not direct and not merge:
-        block_dv, reduce_warps = _reduce_shape(hq * b, dv)
+        block_dv, reduce_warps = _reduce_shape(hq, dv)
         _decode_reduce[(hq, triton.cdiv(dv, block_dv), b)](
             seq_lens, po, pl, out, window, max_len,
             seq_lens.stride(0), *spo, *spl, out.stride(0), out.stride(1),

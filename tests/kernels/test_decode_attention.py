@@ -105,21 +105,21 @@ def test_mla_latent_halves_kernel(dev, hq, hk, window, logit_cap):
         assert out[1].abs().max().item() == 0.0
 
 def test_reduce_launch_shape_rule():
-    # one warp over 32-128 columns while (head, request) pairs are few; four warps over
-    # 512 columns once they are many (measured: docs/decode_notes.md v6)
+    # one warp over up to 128 columns; four warps over 512 from 64 heads on; never from
+    # the batch (measured: docs/decode_notes.md v6)
     from kdispatch.kernels.decode_attention import _reduce_shape
-    assert _reduce_shape(512, 512) == (512, 4)
-    assert _reduce_shape(4096, 512) == (512, 4)
-    assert _reduce_shape(2048, 128) == (128, 1)
-    assert _reduce_shape(96, 512) == (64, 1)
-    assert _reduce_shape(128, 512) == (128, 1)
-    assert _reduce_shape(12, 512) == (32, 1)
-    assert _reduce_shape(256, 128) == (64, 1)
+    assert _reduce_shape(16, 512) == (128, 1)
+    assert _reduce_shape(12, 512) == (128, 1)
+    assert _reduce_shape(32, 128) == (128, 1)
+    assert _reduce_shape(16, 64) == (64, 1)
+    assert _reduce_shape(64, 512) == (512, 4)
+    assert _reduce_shape(128, 512) == (512, 4)
+    assert _reduce_shape(128, 96) == (128, 1)
 
 
-def test_reduce_with_many_head_request_pairs(dev):
-    # 8 requests x 64 q heads = 512 pairs at Dv 512: the reduce's four-warp, 512-column
-    # shape; ragged lengths across page and tile edges
+def test_reduce_with_many_heads(dev):
+    # 64 q heads at Dv 512: the reduce's four-warp, 512-column shape; ragged lengths
+    # across page and tile edges
     lens = [1, 15, 16, 17, 31, 32, 33, 48]
     q, k, v, bt, sl = make_case(dev, batch=8, hq=64, hk=8, dk=512, pages=3, lens=lens,
                                 seed=11)
