@@ -62,13 +62,13 @@ BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((256, 64), (1 << 20, 32))
 #: (H200 v1: 848 vs 1174 us at batch 32 x 16k).
 BLOCK_N_WIDE_HEADS = 64
 #: latent (MLA) grids of at most this many splits merge in the last stage-1 program instead
-#: of a reduce kernel. The merge is serial in the splits. H200 session 6, with the reduce's
-#: launch shape by (head, request) pairs (bench/results/nvidia-h200/session6/decode.json,
-#: merge vs its reduce-kernel twin): TP1 128 heads at 2 splits 568.9 vs 609.8 us; at 8
-#: splits the reduce kernel now wins (deepseek b32 x 16k 164.3 vs 159.6 us, b32 x 327,600
-#: 3,152 vs 3,098 us; session 5, with the slower reduce, had merged up to 8). 33 and more
-#: splits lose badly (kimi b1 x 65,536: 155 vs 37 us). GQA grids lost 1-3% with it at 2-8
-#: splits and keep the reduce kernel.
+#: of a reduce kernel. The merge is serial in the splits. H200 session 6, with the faster
+#: reduce launch (bench/results/nvidia-h200/session6/, merge vs its reduce-kernel twin):
+#: TP1 128 heads at 2 splits 572.8 vs 614.5 us; at 8 splits the reduce kernel now wins at
+#: b32 x 16k (159.1 vs 164.0 us; session 5, with the slower reduce, merged up to 8), while
+#: b32 x 327,600 went either way between calls (2,985 vs 2,786; 3,098 vs 3,152). 33 and
+#: more splits lose badly (kimi b1 x 65,536: 165 vs 39 us). GQA grids lost 1-3% with it at
+#: 2-8 splits and keep the reduce kernel.
 MERGE_MAX_SPLITS_LATENT = 4
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
