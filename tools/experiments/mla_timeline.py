@@ -4,6 +4,9 @@ The kernel is ``mla_variants._s1_half`` (the library's ``_decode_stage1_latent``
 options) with three clock reads; the timeline shows where a short-context launch loses
 time: programs starting late, a long fill, or a spread of finishing times (the tail).
 
+The single-launch rows' ``event_us`` also holds the host's launch latency (events around
+one Python launch); read their spans and the graph rows' per-call times instead.
+
     python tools/experiments/mla_timeline.py --out $OUT/mla_timeline.json
 """
 
