@@ -22,16 +22,12 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kdispatch.kernels.decode_attention import _decode_reduce  # noqa: E402
+from kdispatch.kernels.decode_attention import _decode_reduce, _p2  # noqa: E402
 
 
 @triton.jit
 def _empty(X):
     pass
-
-
-def _p2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 # (name, batch, q heads, dv, splits, block_n, context)
