@@ -12,13 +12,16 @@ partitioned parts.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kdispatch.paths import DEVICE_KEY_RE, check_device_key, find_table_file
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,6 @@ Vendor = Literal["nvidia", "amd", "intel", "triton"]
 INTERPRETER_KEY = "cpu-interpreter"
 CU_NUM_ENV = "KDISPATCH_CU_NUM"
 
-_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _ARCH_RE = re.compile(r"^(sm_\d{2,3}a?|gfx[0-9a-f]{3,4}|interpreter|xe[a-z0-9_]*)$")
 
 
@@ -59,7 +61,7 @@ class Device(BaseModel):
     @field_validator("key")
     @classmethod
     def _check_key(cls, v: str) -> str:
-        if not _KEY_RE.match(v):
+        if not DEVICE_KEY_RE.match(v):
             raise ValueError(f"device key {v!r} must be lowercase letters, digits and '-'")
         return v
 
@@ -93,6 +95,7 @@ class Device(BaseModel):
         >>> Device.from_key("amd-mi355x").arch
         'gfx950'
         """
+        check_device_key(key)
         if key == INTERPRETER_KEY:
             return cls.interpreter()
         record = _record_for_key(key)
@@ -187,9 +190,27 @@ def builtin_keys() -> list[str]:
     return sorted(_BUILTIN)
 
 
-def _record_for_key(key: str) -> Device:
-    from kdispatch.tables import shipped_device_record  # local: tables imports device
+#: a table's device record is read from its head; tables are capped far below this
+_RECORD_READ_LIMIT = 64 << 20
 
+
+def shipped_device_record(key: str) -> Device | None:
+    """The device record of kdispatch's shipped table for ``key``, or None if absent or
+    unreadable (the dispatcher reports unreadable tables; this never raises)."""
+    path = find_table_file(key)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.loads(fh.read(_RECORD_READ_LIMIT))
+        device = Device.model_validate(raw["device"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, ValidationError) as exc:
+        log.debug("no device record in %s: %s", path, exc)
+        return None
+    return device if device.key == key else None
+
+
+def _record_for_key(key: str) -> Device:
     record = shipped_device_record(key)
     if record is not None:
         return record

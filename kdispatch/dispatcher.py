@@ -3,7 +3,7 @@
 Lookup chain for one key::
 
     process memo -> user database snapshot (read once per process and device)
-                 -> shipped table (db/<device-key>.json) -> analytical heuristic
+                 -> shipped tables (<device-key>.json) -> analytical heuristic
 
 then an override (``config=`` argument or ``KDISPATCH_OVERRIDE``) wins over all of them and
 says so. Nothing here reads device memory or synchronizes: keys come from ``.shape``,
@@ -12,14 +12,12 @@ returns the same constant at capture and at every replay.
 
 A missing or corrupt database or table degrades to the next source with one warning; it
 never raises into a serving process. ``KDISPATCH_STRICT=1`` turns a heuristic fallback
-into :class:`~kdispatch.errors.StrictMissError`.
+into :class:`~kdispatch.errors.StrictMissError`. Nothing here names an op.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import queue
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,9 +27,12 @@ from pydantic import ValidationError
 
 from kdispatch.device import Device
 from kdispatch.errors import StrictMissError, short_error, warn_once
-from kdispatch.registry import OpConfig, OpKey, OpSpec, get_op
+from kdispatch.misses import MissWriter
+from kdispatch.opdef import Op, OpConfig, OpKey
+from kdispatch.registry import get_op, op_names
 from kdispatch.settings import OVERRIDE_ENV, Settings
-from kdispatch.store import Store, canonical_json, digest, read_best_snapshot, sqlite_path
+from kdispatch.store import canonical_json, digest, read_best_snapshot, sqlite_path
+from kdispatch.table_cache import ShippedTables
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,9 @@ class Explanation:
 
 
 @dataclass
-class _Entry:
+class Entry:
+    """One memoized resolution; ``calls`` counts its uses (cached launch paths add theirs)."""
+
     op: str
     key: OpKey
     config: OpConfig
@@ -85,23 +88,26 @@ class Dispatcher:
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings.from_env()
-        self._memo: dict[Any, _Entry] = {}  # (op, memo key) -> entry
-        self._specs: dict[str, OpSpec] = {}
+        self._memo: dict[Any, Entry] = {}  # (op, memo key) -> entry
+        self._ops: dict[str, Op] = {}
         self._devices: dict[Any, Device] = {}
         self._db: dict[str, dict[tuple[str, str], tuple[dict, str]] | None] = {}
-        self._tables: dict[str, dict[tuple[str, str], Any]] = {}
+        self._tables = ShippedTables()
         self._lock = threading.RLock()
         self.db_error: str | None = None
-        self.table_status: dict[str, str] = {}
-        self._miss_writer: _MissWriter | None = None
+        self._miss_writer: MissWriter | None = None
         if self.settings.override_error:
             warn_once("override-env", self.settings.override_error)
+        unknown = sorted(set(self.settings.overrides) - set(op_names()))
+        if unknown:
+            warn_once("override-unknown", f"kdispatch: {OVERRIDE_ENV} names unknown ops "
+                      f"{', '.join(unknown)} (known: {', '.join(op_names())}); ignored")
 
     # -- the hot path -------------------------------------------------------------------------
     def resolve(self, op: str, args: Mapping[str, Any], config: Any = None) -> OpConfig:
         if config is not None:
             return self.explain(op, args, config).config
-        spec = self._specs.get(op) or self._spec(op)
+        spec = self._ops.get(op) or self._op(op)
         mk = (op, spec.memo_key(args))
         try:
             entry = self._memo.get(mk)
@@ -112,14 +118,32 @@ class Dispatcher:
             return entry.config
         return self._resolve_slow(spec, args, mk).config
 
-    def _spec(self, op: str) -> OpSpec:
-        spec = self._specs[op] = get_op(op)
+    def resolve_entry(self, op: str, args: Mapping[str, Any], config: Any = None
+                      ) -> tuple[OpConfig, Entry | None]:
+        """:meth:`resolve`, also returning the memo entry (None for an explicit config), so
+        a cached launch path can count its later uses in :meth:`stats`."""
+        if config is not None:
+            return self.explain(op, args, config).config, None
+        spec = self._ops.get(op) or self._op(op)
+        mk = (op, spec.memo_key(args))
+        try:
+            entry = self._memo.get(mk)
+        except TypeError:
+            entry, mk = None, None
+        if entry is not None:
+            entry.calls += 1
+            return entry.config, entry
+        entry = self._resolve_slow(spec, args, mk)
+        return entry.config, entry if mk is not None else None
+
+    def _op(self, name: str) -> Op:
+        spec = self._ops[name] = get_op(name)
         return spec
 
     def explain(self, op: str, args: Mapping[str, Any], config: Any = None) -> Explanation:
-        spec = get_op(op)
+        spec = self._ops.get(op) or self._op(op)
         if config is not None:
-            key = spec.key(self.device(spec.device_of(args)), args)
+            key = self._key(spec, args)
             cfg = self._coerce_config(spec, key, config, "config")
             return Explanation(op, key, cfg, "override", "override",
                                (Consulted("override", "config= argument"),))
@@ -137,9 +161,13 @@ class Dispatcher:
                            (Consulted("memo", "miss"), *entry.consulted))
 
     # -- the chain ----------------------------------------------------------------------------
-    def _resolve_slow(self, spec: OpSpec, args: Mapping[str, Any], mk: Any) -> _Entry:
-        device = self.device(spec.device_of(args))
-        key = spec.key(device, args)
+    def _key(self, spec: Op, args: Mapping[str, Any]) -> OpKey:
+        if spec.is_plain(args):
+            return spec.key(self.device(args.get("device")), spec.plain_args(args))
+        return spec.key(self.device(spec.device_of(args)), args)
+
+    def _resolve_slow(self, spec: Op, args: Mapping[str, Any], mk: Any) -> Entry:
+        key = self._key(spec, args)
         with self._lock:
             entry = self._memo.get(mk) if mk is not None else None
             if entry is not None:
@@ -149,7 +177,7 @@ class Dispatcher:
                 self._memo[mk] = entry
         return entry
 
-    def _chain(self, spec: OpSpec, key: OpKey) -> _Entry:
+    def _chain(self, spec: Op, key: OpKey) -> Entry:
         consulted: list[Consulted] = []
         kd = digest(key.model_dump(mode="json"))
         config: OpConfig | None = None
@@ -162,56 +190,46 @@ class Dispatcher:
             hit = rows.get((spec.name, kd))
             if hit is None:
                 consulted.append(Consulted("database", "no row for this key"))
+            elif hit[1] != spec.source_hash():
+                consulted.append(Consulted("database", "row is stale (kernel source changed)"))
+                warn_once(f"db-stale:{spec.name}:{key.device}",
+                          f"kdispatch: database rows for {spec.name} on {key.device} were "
+                          "tuned with other kernel sources; using the next source")
             else:
-                cfg_data, source_hash = hit
-                if source_hash != spec.source_hash():
-                    consulted.append(Consulted("database", "row is stale (kernel source changed)"))
-                    warn_once(f"db-stale:{spec.name}:{key.device}",
-                              f"kdispatch: database rows for {spec.name} on {key.device} were "
-                              "tuned with other kernel sources; using the next source")
-                else:
-                    config = self._validated(spec, key, cfg_data, "database")
-                    if config is not None:
-                        source = "database"
-                        consulted.append(Consulted("database", "hit"))
-                    else:
-                        consulted.append(Consulted("database", "row rejected (invalid config)"))
+                config = self._validated(spec, key, hit[0], "database")
+                consulted.append(Consulted("database", "hit" if config is not None
+                                           else "row rejected (invalid config)"))
+                source = "database" if config is not None else source
 
         if config is None:
-            table = self._table(key.device)
-            hit = table.get((spec.name, kd))
-            status = self.table_status.get(key.device, "no table")
-            if hit is None:
-                consulted.append(Consulted("table", f"{status}: no entry for this key"
-                                           if status.startswith("loaded") else status))
-            else:
-                config, source = hit.config, "table"
-                consulted.append(Consulted("table", "hit"))
+            config, outcome = self._tables.hit(spec, key.device, kd)
+            consulted.append(Consulted("table", outcome))
+            source = "table" if config is not None else source
 
+        override = self.settings.overrides.get(spec.name)
         if config is None:
             config = spec.heuristic(key)
             consulted.append(Consulted("heuristic", "computed"))
-            override = self.settings.overrides.get(spec.name)
             if self.settings.strict and override is None:
                 raise StrictMissError(
                     f"KDISPATCH_STRICT: no tuned config for {spec.name} key "
                     f"{key.model_dump(mode='json')}; tune it (kdispatch tune) or unset strict")
             self._record_miss(spec, key)
 
-        override = self.settings.overrides.get(spec.name)
         if override is not None:
             merged = {**config.model_dump(), **override}
             cfg = self._coerce_config(spec, key, merged, OVERRIDE_ENV, warn=True)
             if cfg is not None:
                 config, source = cfg, "override"
                 consulted.append(Consulted("override", f"{OVERRIDE_ENV} {override}"))
-        return _Entry(op=spec.name, key=key, config=config, source=source, consulted=tuple(consulted))
+        return Entry(op=spec.name, key=key, config=config, source=source,
+                     consulted=tuple(consulted))
 
-    def _validated(self, spec: OpSpec, key: OpKey, data: Mapping[str, Any],
+    def _validated(self, spec: Op, key: OpKey, data: Mapping[str, Any],
                    where: str) -> OpConfig | None:
         try:
             config = spec.parse_config(data)
-            spec.check_config(key, config)
+            spec.check_config(key, config, served=True)
             return config
         except (ValueError, ValidationError) as exc:
             warn_once(f"invalid:{where}:{spec.name}:{key.device}",
@@ -219,7 +237,7 @@ class Dispatcher:
                       f"{short_error(exc)}")
             return None
 
-    def _coerce_config(self, spec: OpSpec, key: OpKey, config: Any, name: str,
+    def _coerce_config(self, spec: Op, key: OpKey, config: Any, name: str,
                        warn: bool = False) -> OpConfig | None:
         try:
             if isinstance(config, spec.config_model):
@@ -229,7 +247,7 @@ class Dispatcher:
             else:
                 raise ValueError(f"expected {spec.config_model.__name__} or a mapping, got "
                                  f"{type(config).__name__}")
-            spec.check_config(key, cfg)
+            spec.check_config(key, cfg, served=warn)
             return cfg
         except (ValueError, ValidationError) as exc:
             msg = f"{name}: invalid {spec.name} config: {short_error(exc)}"
@@ -242,7 +260,11 @@ class Dispatcher:
     def device(self, named: Any) -> Device:
         if isinstance(named, Device):
             return named
-        dev = self._devices.get(named)
+        try:
+            dev = self._devices.get(named)
+        except TypeError:
+            raise ValueError(f"device: expected a device key or a torch device, got "
+                             f"{type(named).__name__}") from None
         if dev is None:
             if named is None:
                 dev = Device.current()
@@ -271,51 +293,19 @@ class Dispatcher:
                 rows = {(r.op, r.key_digest): (r.config, r.source_hash)
                         for r in read_best_snapshot(url, device_key)}
             except Exception as exc:  # noqa: BLE001 - a broken database never breaks serving
-                self.db_error = f"database unusable: {type(exc).__name__}: {exc}"[:500]
-                warn_once("db-error", f"kdispatch: {self.db_error} ({url}); using shipped "
-                          "tables and heuristics")
+                self.db_error = f"database unusable: {short_error(exc)}"[:500]
+                warn_once("db-error", f"kdispatch: {self.db_error}; using shipped tables "
+                          "and heuristics")
                 rows = None
         self._db[device_key] = rows
         return rows
 
-    def _table(self, device_key: str) -> dict[tuple[str, str], Any]:
-        if device_key in self._tables:
-            return self._tables[device_key]
-        from kdispatch.tables import find_table_file, load_for_dispatch
-
-        entries: dict[tuple[str, str], Any] = {}
-        path = find_table_file(device_key)
-        if path is None:
-            self.table_status[device_key] = "no table"
-        else:
-            try:
-                entries, report = load_for_dispatch(path, device_key)
-                status = f"loaded {path.name}: {report.kept} entries"
-                if report.stale:
-                    status += f", {report.stale} stale"
-                    warn_once(f"table-stale:{device_key}",
-                              f"kdispatch: {report.stale} entries of {path} were tuned with "
-                              "other kernel sources; those keys use the heuristic")
-                if report.rejected:
-                    status += f", {len(report.rejected)} rejected"
-                    warn_once(f"table-rejected:{device_key}",
-                              f"kdispatch: rejected {len(report.rejected)} invalid entries of "
-                              f"{path}: {'; '.join(report.rejected[:3])}")
-                self.table_status[device_key] = status
-            except Exception as exc:  # noqa: BLE001 - a broken table never breaks serving
-                self.table_status[device_key] = f"table unusable: {exc}"[:500]
-                warn_once(f"table-error:{device_key}",
-                          f"kdispatch: {self.table_status[device_key]}; using heuristics")
-                entries = {}
-        self._tables[device_key] = entries
-        return entries
-
     # -- misses -------------------------------------------------------------------------------
-    def _record_miss(self, spec: OpSpec, key: OpKey) -> None:
+    def _record_miss(self, spec: Op, key: OpKey) -> None:
         if not self.settings.record_misses:
             return
         if self._miss_writer is None:
-            self._miss_writer = _MissWriter(self.settings.db_url)
+            self._miss_writer = MissWriter(self.settings.db_url)
         self._miss_writer.put(spec.name, key.model_dump(mode="json"))
 
     def flush_misses(self, timeout: float = 30.0) -> None:
@@ -323,7 +313,7 @@ class Dispatcher:
             self._miss_writer.flush(timeout)
 
     def stats(self) -> Stats:
-        s = Stats(db_error=self.db_error, tables=dict(self.table_status))
+        s = Stats(db_error=self.db_error, tables=self._tables.summary())
         for entry in list(self._memo.values()):
             s.resolutions += entry.calls
             s.memo_hits += entry.calls - 1
@@ -332,43 +322,6 @@ class Dispatcher:
                 name = f"{entry.op} {canonical_json(entry.key.model_dump(mode='json'))}"
                 s.misses[name] = s.misses.get(name, 0) + entry.calls
         return s
-
-
-class _MissWriter:
-    """Writes recorded misses from a background thread: never on the resolve path.
-
-    Each new key is queued once (the memo sees a key's heuristic fallback once), so a
-    serving process makes at most one write per new key, and none from the thread that
-    may be capturing a CUDA graph.
-    """
-
-    def __init__(self, url: str):
-        self.url = url
-        self.q: queue.Queue[tuple[str, dict] | threading.Event] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="kdispatch-misses", daemon=True)
-        self.thread.start()
-        atexit.register(self.flush, 10.0)
-
-    def put(self, op: str, key: dict) -> None:
-        self.q.put((op, key))
-
-    def flush(self, timeout: float = 30.0) -> None:
-        done = threading.Event()
-        self.q.put(done)
-        done.wait(timeout)
-
-    def _run(self) -> None:
-        store = None
-        while True:
-            item = self.q.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            try:
-                store = store or Store(self.url)
-                store.record_miss(*item)
-            except Exception as exc:  # noqa: BLE001 - recording is best effort
-                warn_once("miss-writer", f"kdispatch: could not record a miss: {exc}")
 
 
 def _looks_like_torch_device(name: str) -> bool:

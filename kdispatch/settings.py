@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 DB_ENV = "KDISPATCH_DB"
 STRICT_ENV = "KDISPATCH_STRICT"
@@ -25,6 +26,16 @@ def default_db_path() -> Path:
     return Path(base) / "kdispatch" / "kdispatch.sqlite"
 
 
+def url_for_path(path: str | Path) -> str:
+    """The SQLite URL of a file path, percent-encoded so that SQLAlchemy (which decodes the
+    database part) opens exactly that file. The one path-to-URL rule of kdispatch.
+
+    >>> url_for_path("/tmp/a%20b.sqlite")
+    'sqlite:////tmp/a%2520b.sqlite'
+    """
+    return "sqlite:///" + quote(str(Path(path).expanduser().absolute()), safe="/")
+
+
 def db_url(value: str | None = None) -> str:
     """A SQLAlchemy URL from ``value``, ``KDISPATCH_DB`` or the default SQLite file.
 
@@ -37,10 +48,10 @@ def db_url(value: str | None = None) -> str:
     """
     raw = value if value is not None else os.environ.get(DB_ENV, "").strip()
     if not raw:
-        return f"sqlite:///{default_db_path()}"
+        return url_for_path(default_db_path())
     if "://" in raw:
         return raw
-    return f"sqlite:///{Path(raw).expanduser().absolute()}"
+    return url_for_path(raw)
 
 
 @dataclass(frozen=True)

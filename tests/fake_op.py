@@ -8,7 +8,7 @@ import torch
 from pydantic import Field, field_validator
 
 from kdispatch.buckets import pow2_bucket
-from kdispatch.registry import OpConfig, OpKey, OpSpec, check_pow2
+from kdispatch.opdef import Op, OpConfig, OpKey, OpTuning, check_pow2
 
 
 class ScaleKey(OpKey):
@@ -25,13 +25,16 @@ class ScaleConfig(OpConfig):
         return check_pow2("block", v, 1, 4096)
 
 
-class ScaleSpec(OpSpec):
+class ScaleSpec(Op, OpTuning):
     """out = 2 * x; the config only changes how (not what) it computes."""
 
     name: ClassVar[str] = "fake_scale"
     key_model = ScaleKey
     config_model = ScaleConfig
-    source_modules: ClassVar[tuple[str, ...]] = ("fake_op",)
+
+    @property
+    def tuning(self):  # one object plays both faces
+        return self
 
     def memo_key(self, args: dict) -> Any:
         x = args.get("x")

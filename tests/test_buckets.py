@@ -3,7 +3,7 @@ import doctest
 import pytest
 
 import kdispatch.buckets as buckets
-import kdispatch.registry as registry
+import kdispatch.opdef as opdef
 import kdispatch.settings as settings
 from kdispatch.buckets import half_pow2_bucket, pow2_bucket
 
@@ -11,7 +11,7 @@ from kdispatch.buckets import half_pow2_bucket, pow2_bucket
 def test_doctests():
     assert doctest.testmod(buckets).failed == 0
     assert doctest.testmod(settings).failed == 0
-    assert doctest.testmod(registry).attempted >= 1 and doctest.testmod(registry).failed == 0
+    assert doctest.testmod(opdef).attempted >= 1 and doctest.testmod(opdef).failed == 0
 
 
 @pytest.mark.parametrize("fn", [pow2_bucket, half_pow2_bucket])

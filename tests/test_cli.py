@@ -117,8 +117,10 @@ def test_show_lists_tuned_entries(runner, fake, tmp_path):
     _tune_fake(runner, db)
     out = _ok(runner.invoke(main, ["show", "--db", db, "--op", "tune_fake"]))
     assert "3 entries" in out and "n=1024" in out and "current" in out
+    # no database rows for the H200: its shipped table's entries, each with its source
     out = _ok(runner.invoke(main, ["show", "--db", db, "--device", "nvidia-h200"]))
-    assert "0 entries" in out
+    assert "(0 from the database, 36 from shipped tables)" in out
+    assert out.count("table nvidia-h200.json") == 36
     missing = runner.invoke(main, ["show", "--db", str(tmp_path / "none.sqlite")])
     assert missing.exit_code == 1 and "does not exist" in missing.output
 

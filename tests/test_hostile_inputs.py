@@ -148,7 +148,7 @@ DEC_FAULTS = ["q_rank", "q_dtype", "heads_divide", "bt_dtype", "bt_rank",
               "k_rank", "v_heads", "seq_len_shape", "seq_dtype", "kv_dtype", "out_shape"]
 DEC_ARG = {"q_rank": "q", "q_dtype": "q", "heads_divide": "q", "bt_dtype": "block_table",
            "bt_rank": "block_table", "k_rank": "k_cache", "v_heads": "v_cache",
-           "seq_len_shape": "seq_lens", "seq_dtype": "seq_lens", "kv_dtype": "v_cache",
+           "seq_len_shape": "seq_lens", "seq_dtype": "seq_lens", "kv_dtype": "k_cache",
            "out_shape": "out"}
 
 

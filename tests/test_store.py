@@ -1,5 +1,6 @@
 """The tuning database: round trip, best-per-key, schema versions, concurrent writers."""
 
+import json
 import multiprocessing as mp
 import os
 import sqlite3
@@ -26,7 +27,7 @@ def _m(config, median, **kw):
     return MeasurementIn(**base)
 
 
-def test_round_trip_typed_columns(db_url):
+def test_round_trip_keys_as_json_and_device_columns(db_url):
     store = Store(db_url)
     run = store.start_run(Device.from_key("nvidia-h200"), {"decode_attention": "h1"})
     assert store.record(_m({"num_kv_splits": 4}, 10.0), run_id=run)
@@ -34,8 +35,10 @@ def test_round_trip_typed_columns(db_url):
     rows = store.measurements()
     assert len(rows) == 1
     r = rows[0]
-    assert (r.op, r.device_key, r.num_q_heads, r.head_dim_v, r.page_size, r.batch, r.context) \
-        == ("decode_attention", "nvidia-h200", 12, 512, 16, 8, 393216)
+    key = json.loads(r.key_json)
+    assert (r.op, r.device_key, r.arch, r.cu_count, key["num_q_heads"], key["head_dim_v"],
+            key["page_size"], key["batch"], key["context"]) \
+        == ("decode_attention", "nvidia-h200", "sm_90", 132, 12, 512, 16, 8, 393216)
     assert r.key_digest == digest(KEY) and r.run_id == run and r.verified
     assert store.runs()[0].status == "done" and store.runs()[0].finished_at is not None
     assert store.counts() == {"runs": 1, "measurements": 1, "verified": 1, "misses": 0}

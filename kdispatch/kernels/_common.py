@@ -1,4 +1,4 @@
-"""Helpers shared by the kernel modules: input checks, dtype names, interpreter detection."""
+"""Helpers shared by the built-in op packages: input checks, interpreter and PDL detection."""
 
 from __future__ import annotations
 
@@ -9,13 +9,6 @@ from typing import Any
 
 import torch
 
-DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-}
-TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
-
 
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``).
@@ -24,21 +17,6 @@ def interpreting() -> bool:
     arithmetic must be done in fp32 there, while the GPU keeps bf16 tensor-core dots.
     """
     return os.environ.get("TRITON_INTERPRET", "") == "1"
-
-
-def dtype_name(dtype: Any, name: str = "dtype") -> str:
-    """'float32' | 'float16' | 'bfloat16' from a torch dtype or one of those strings."""
-    if isinstance(dtype, str):
-        if dtype in TORCH_DTYPES:
-            return dtype
-        aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
-                   "half": "float16", "float": "float32"}
-        if dtype in aliases:
-            return aliases[dtype]
-    elif dtype in DTYPE_NAMES:
-        return DTYPE_NAMES[dtype]
-    raise ValueError(f"{name}: unsupported dtype {dtype!r}; expected one of "
-                     f"{', '.join(TORCH_DTYPES)}")
 
 
 def check_tensor(name: str, t: Any, *, ndim: int | None = None,
@@ -52,7 +30,9 @@ def check_tensor(name: str, t: Any, *, ndim: int | None = None,
     if dtypes is not None:
         dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
-            raise ValueError(f"{name}: dtype {t.dtype} not in {dtypes}")
+            names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise ValueError(f"{name}: dtype {str(t.dtype).removeprefix('torch.')} is not "
+                             f"supported here; expected {names}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: on {t.device}, expected {device}")
     if last_contiguous and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
@@ -81,4 +61,12 @@ def supports_pdl(device: torch.device) -> bool:
 def pdl_capable(key: Any) -> bool:
     """The same question for a dispatch key's device fields (NVIDIA sm_90 and newer)."""
     arch = key.arch
-    return key.vendor == "nvidia" and arch.startswith("sm_") and int(arch[3:]) >= 90
+    return key.vendor == "nvidia" and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90
+
+
+def tensor_sig(t: Any) -> tuple[Any, ...] | None:
+    """What a cached launch depends on for one optional tensor: shape, strides, dtype,
+    device and pointer alignment (Triton specializes on 16-byte alignment)."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15)

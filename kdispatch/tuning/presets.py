@@ -1,12 +1,12 @@
-"""Model shape presets: the op keys worth tuning for a model, as plain-form argument dicts.
+"""Presets: the keys worth tuning, as models (shapes) that every op maps to its own keys.
 
-A preset expands to :class:`PresetEntry` items, one per op call shape (``op`` plus the
-plain-form arguments that ``spec.key(device, args)`` reads). Dynamic sizes are given as the
-model's real sizes; the op's key buckets them, so several entries may share one key (the
-sweep deduplicates). Every preset is bf16 with 16-token pages, per BENCHMARKING.md.
-
-An entry marked ``optional`` is skipped, with a note, when the op rejects its shape (for
-example a head dim the kernel does not support), instead of failing the whole preset.
+A :class:`ModelShape` describes a model's attention as a serving engine runs it (heads,
+head dims, the decode batch x context pairs, the token counts of its KV writes). Each op's
+tuning face says which plain-form argument sets a model contributes
+(:meth:`~kdispatch.opdef.OpTuning.preset_args`), so this module names no op and a new op
+joins every preset by implementing that one method. Explicit :class:`Preset` lists (op +
+arguments) serve tests and ops with their own shapes. Every model preset is bf16 with
+16-token pages, per BENCHMARKING.md.
 """
 
 from __future__ import annotations
@@ -16,25 +16,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-DTYPE = "bfloat16"
-PAGE = 16
+#: candidates per key of the model presets (heuristic and baseline included; the ops order
+#: their candidates most telling first). ``--max-candidates`` overrides it.
+MODEL_CANDIDATES = 12
 
 
 @dataclass(frozen=True)
 class PresetEntry:
-    """One op call shape of a preset.
-
-    Attributes
-    ----------
-    op : str
-        Registered op name.
-    args : Mapping
-        Plain-form arguments of ``spec.key(device, args)``.
-    optional : bool
-        Skip (with ``note``) instead of failing when the op rejects the shape.
-    note : str
-        Why the entry is optional / what it stands for.
-    """
+    """One op call shape: the op and the plain-form arguments of its key."""
 
     op: str
     args: Mapping[str, Any]
@@ -42,108 +31,84 @@ class PresetEntry:
     note: str = ""
 
 
-#: candidates per key of the model presets (heuristic and baseline included; the ops order
-#: their candidates most telling first). H200 session 3 measured 77 candidates in 1.6 minutes
-#: with compiles, so the largest preset (llama3-8b, 14 keys) takes about 3.5 minutes and all
-#: five about 9: one 10-minute device command. ``--max-candidates`` overrides it.
-MODEL_CANDIDATES = 12
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's attention shapes, as every op's ``preset_args`` reads them.
+
+    Attributes
+    ----------
+    num_q_heads, num_kv_heads, head_dim : int
+        Per GPU (after tensor parallelism). MLA: 1 kv head of head dim 576.
+    head_dim_v : int, optional
+        V head dim when it differs (MLA: 512).
+    decode : tuple of (batch, context)
+        Decode shapes (context = block-table capacity in tokens).
+    write_tokens : tuple of int
+        Tokens per KV-cache write (decode steps and prefill chunks).
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int | None = None
+    decode: tuple[tuple[int, int], ...] = ()
+    write_tokens: tuple[int, ...] = ()
+    page_size: int = 16
+    dtype: str = "bfloat16"
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A named set of shapes.
+    """A named set of keys: a model (expanded by every op) and/or explicit entries.
 
-    Attributes
-    ----------
-    name, description : str
-    entries : tuple of PresetEntry
-    max_candidates : int, optional
-        Cap on candidates per key (heuristic and baseline always kept): the CPU ``smoke``
-        preset uses it so the interpreter finishes quickly.
+    ``max_candidates`` caps candidates per key (heuristic and baseline always kept).
     """
 
     name: str
     description: str
-    entries: tuple[PresetEntry, ...]
+    entries: tuple[PresetEntry, ...] = ()
     max_candidates: int | None = None
+    model: ModelShape | None = None
+    ops: tuple[str, ...] | None = None  # only these ops (None: every op that maps the model)
 
 
-def grid(op: str, base: Mapping[str, Any], *, optional: bool = False, note: str = "",
-         **axes: Iterable[Any]) -> list[PresetEntry]:
-    """Entries for every combination of ``axes`` on top of ``base``.
+def grid(batch: Iterable[int], context: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Every (batch, context) pair.
 
-    >>> [e.args["tokens"] for e in grid("kv_write", {"head_dim": 128}, tokens=[1, 8])]
-    [1, 8]
+    >>> grid([1, 8], [4096])
+    ((1, 4096), (8, 4096))
     """
-    names = list(axes)
-    out = []
-    for values in itertools.product(*(list(axes[n]) for n in names)):
-        out.append(PresetEntry(op, {**base, **dict(zip(names, values))}, optional, note))
-    return out
+    return tuple(itertools.product(batch, context))
 
 
-def _kv(heads: int, dim: int, tokens: Iterable[int], **kw: Any) -> list[PresetEntry]:
-    base = {"num_kv_heads": heads, "head_dim": dim, "page_size": PAGE, "dtype": DTYPE}
-    return grid("kv_write", base, tokens=tokens, **kw)
-
-
-def _decode(hq: int, hk: int, dk: int, dv: int, batch: Iterable[int], context: Iterable[int],
-            **kw: Any) -> list[PresetEntry]:
-    base = {"num_q_heads": hq, "num_kv_heads": hk, "head_dim": dk, "head_dim_v": dv,
-            "page_size": PAGE, "dtype": DTYPE}
-    return grid("decode_attention", base, batch=batch, context=context, **kw)
-
-
-_HUGINN_DECODE_NOTE = ("huginn decode has head dim 96; the decode op may not support it "
-                       "(then it is skipped)")
-_LATENT_NOTE = "MLA latent cache write (1 head x 576); skipped if kv_write rejects head dim 576"
-
-PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset(
-        "ouro-1.4b",
-        "Ouro-1.4B (24 layers x 4 loops): MHA 16/16 x 128; KV writes of 1, 8, 64 and 16,384 "
-        "tokens; decode batch 1, 8 at 4k context",
-        (*_kv(16, 128, [1, 8, 64, 16384]),
-         *_decode(16, 16, 128, 128, [1, 8], [4096])),
-        max_candidates=MODEL_CANDIDATES),
-    Preset(
-        "huginn",
-        "Huginn-0125 (hidden 5280, 55 heads x 96, MHA, 32 recurrent loops): KV writes of 1, 8, "
-        "64 tokens; decode batch 1, 8 at its 4k context if the decode op supports head dim 96",
-        (*_kv(55, 96, [1, 8, 64]),
-         *_decode(55, 55, 96, 96, [1, 8], [4096], optional=True, note=_HUGINN_DECODE_NOTE)),
-        max_candidates=MODEL_CANDIDATES),
-    Preset(
-        "llama3-8b",
-        "Llama-3-8B: GQA 32/8 x 128, decode batch 1, 8, 64 x context 8k, 32k, 131k and "
-        "batch 4 x 262,144; KV writes of 8 heads x 128",
-        (*_decode(32, 8, 128, 128, [1, 8, 64], [8192, 32768, 131072]),
-         *_decode(32, 8, 128, 128, [4], [262144]),
-         *_kv(8, 128, [1, 8, 64, 16384])),
-        max_candidates=MODEL_CANDIDATES),
-    Preset(
-        "kimi-k3-tp8",
-        "Kimi-K3 at TP8: absorbed MLA, 12 q heads, 1 latent head 576/512, batch 1, 8 x "
-        "context 65,536 and 327,600",
-        (*_decode(12, 1, 576, 512, [1, 8], [65536, 327600]),
-         *_kv(1, 576, [1, 8, 64], optional=True, note=_LATENT_NOTE)),
-        max_candidates=MODEL_CANDIDATES),
-    Preset(
-        "deepseek-v3-tp8",
-        "DeepSeek-V3 at TP8: absorbed MLA, 16 q heads, 1 latent head 576/512, batch 8, 32 x "
-        "context 16,384 and 327,600; latent-cache KV writes if supported",
-        (*_decode(16, 1, 576, 512, [8, 32], [16384, 327600]),
-         *_kv(1, 576, [1, 8, 64], optional=True, note=_LATENT_NOTE)),
-        max_candidates=MODEL_CANDIDATES),
-    Preset(
-        "smoke",
-        "Tiny shapes for the CPU interpreter: two KV-write keys and two small decode keys "
-        "(GQA and MHA), a few candidates each",
-        (*_kv(2, 32, [1, 8]),
-         *_decode(4, 2, 64, 64, [1], [64]),
-         *_decode(2, 2, 64, 64, [2], [32])),
-        max_candidates=4),
-)}
+_BUILTIN = (
+    Preset("ouro-1.4b", "Ouro-1.4B (24 layers x 4 loops): MHA 16/16 x 128; KV writes of 1, 8, "
+           "64 and 16,384 tokens; decode batch 1, 8 at 4k context",
+           model=ModelShape(16, 16, 128, decode=grid([1, 8], [4096]),
+                            write_tokens=(1, 8, 64, 16384)), max_candidates=MODEL_CANDIDATES),
+    Preset("huginn", "Huginn-0125 (55 heads x 96, MHA, 32 recurrent loops): KV writes of 1, "
+           "8, 64 tokens; decode batch 1, 8 at its 4k context",
+           model=ModelShape(55, 55, 96, decode=grid([1, 8], [4096]), write_tokens=(1, 8, 64)),
+           max_candidates=MODEL_CANDIDATES),
+    Preset("llama3-8b", "Llama-3-8B: GQA 32/8 x 128, decode batch 1, 8, 64 x context 8k, 32k, "
+           "131k and batch 4 x 262,144; KV writes of 8 heads x 128",
+           model=ModelShape(32, 8, 128, decode=grid([1, 8, 64], [8192, 32768, 131072])
+                            + ((4, 262144),), write_tokens=(1, 8, 64, 16384)),
+           max_candidates=MODEL_CANDIDATES),
+    Preset("kimi-k3-tp8", "Kimi-K3 at TP8: absorbed MLA, 12 q heads, 1 latent head 576/512, "
+           "batch 1, 8 x context 65,536 and 327,600; latent-cache writes",
+           model=ModelShape(12, 1, 576, 512, decode=grid([1, 8], [65536, 327600]),
+                            write_tokens=(1, 8, 64)), max_candidates=MODEL_CANDIDATES),
+    Preset("deepseek-v3-tp8", "DeepSeek-V3 at TP8: absorbed MLA, 16 q heads, 1 latent head "
+           "576/512, batch 8, 32 x context 16,384 and 327,600; latent-cache writes",
+           model=ModelShape(16, 1, 576, 512, decode=grid([8, 32], [16384, 327600]),
+                            write_tokens=(1, 8, 64)), max_candidates=MODEL_CANDIDATES),
+    Preset("smoke", "Tiny shapes for the CPU interpreter: two KV-write keys and two small "
+           "decode keys (GQA 4/2 x 64), a few candidates each",
+           model=ModelShape(4, 2, 64, decode=((1, 64), (2, 32)), write_tokens=(1, 8)),
+           max_candidates=4),
+)
+PRESETS: dict[str, Preset] = {p.name: p for p in _BUILTIN}
 
 
 def preset_names() -> list[str]:
@@ -173,17 +138,30 @@ def unregister_preset(name: str) -> None:
     PRESETS.pop(name, None)
 
 
-def expand(names: Iterable[str], ops: Iterable[str] | None = None) -> list[PresetEntry]:
-    """The entries of the named presets, optionally only those of ``ops``, in order.
-
-    >>> {e.op for e in expand(["ouro-1.4b"], ops=["kv_write"])}
-    {'kv_write'}
-    """
-    wanted = set(ops) if ops else None
-    out = []
-    for name in names:
-        for entry in get_preset(name).entries:
-            if wanted is None or entry.op in wanted:
-                out.append(entry)
+def entries_of(preset: Preset, ops: Iterable[Any]) -> list[PresetEntry]:
+    """The preset's entries for ``ops`` (Op objects): its explicit entries, then each op's
+    expansion of the model (optional: an op may not support a model's shape)."""
+    by_name = {op.name: op for op in ops}
+    out = [e for e in preset.entries if e.op in by_name]
+    if preset.model is not None:
+        for op in by_name.values():
+            if op.tuning is None or (preset.ops is not None and op.name not in preset.ops):
+                continue
+            for args in op.tuning.preset_args(preset.model):
+                out.append(PresetEntry(op.name, args, optional=True,
+                                       note=f"{preset.name}'s shape"))
     return out
 
+
+def expand(names: Iterable[str], ops: Iterable[Any]) -> list[PresetEntry]:
+    """The entries of the named presets for ``ops`` (Op objects), in order.
+
+    >>> from kdispatch.registry import all_ops
+    >>> len(expand(["smoke"], all_ops())) >= 4
+    True
+    """
+    ops = list(ops)
+    out: list[PresetEntry] = []
+    for name in names:
+        out.extend(entries_of(get_preset(name), ops))
+    return out

@@ -1,56 +1,46 @@
 """The sweep driver: tune a list of op keys on one device into the database.
 
 For each key: enumerate the op's candidates, prune them with ``is_valid``, always add the
-heuristic's config (and the baseline), skip configs already measured for this key, kernel
-source hash and toolchain (resume), then verify every remaining candidate against the fp32
+heuristic's config (and the baseline), skip configs already measured for this key, source
+hash and toolchain (resume), then verify every remaining candidate against the fp32
 reference on random inputs and time the ones that pass. Every measurement is committed as
 it completes, so a killed tuner loses at most the candidate in flight.
 
-The work is a plain list of :class:`TuneTarget` (op name + key as JSON data), so it can be
-split with :func:`shard` and run by worker processes (:func:`tune_shard`), each with its own
-device, all writing to one database; :func:`summarize` reads the result back from the
-database, so one summary covers every shard.
+The work is a plain list of :class:`~kdispatch.tuning.plan.TuneTarget` (op name + key as
+JSON data), so it can be split and run by worker processes (:func:`tune_shard`), each with
+its own device, all writing to one database; :func:`summarize` reads the result back from
+the database, so one summary covers every shard. Nothing here names an op.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from kdispatch.device import Device
-from kdispatch.registry import OpConfig, OpSpec, get_op
+from kdispatch.opdef import Op, OpConfig
+from kdispatch.registry import get_op
 from kdispatch.store import MeasurementIn, Store, digest
-from kdispatch.tuning import presets as _presets
+from kdispatch.tuning.devices import (TuningError, check_kernel_mode, resolve_device,
+                                      use_interpreter)
+from kdispatch.tuning.plan import (Role, TuneTarget, candidate_list, plan, plan_misses, shard,
+                                   tunable_ops)
 from kdispatch.tuning.timing import Timing, time_call
 from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
+
+__all__ = ["KeySummary", "Progress", "SweepResult", "TuneTarget", "TuningError",
+           "candidate_list", "check_kernel_mode", "plan", "plan_misses", "resolve_device",
+           "shard", "summarize", "tunable_ops", "tune", "tune_shard", "use_interpreter"]
 
 log = logging.getLogger(__name__)
 
 #: extra input sets for L2 rotation are capped at this many bytes in total
 ROTATION_BYTES = 2 << 30
 MAX_INPUT_SETS = 8
-
-
-Role = Literal["heuristic", "baseline", "candidate"]
-
-
-class TuningError(RuntimeError):
-    """The sweep cannot run as asked (no such device, interpreter mode mixed up, ...)."""
-
-
-@dataclass(frozen=True)
-class TuneTarget:
-    """One key to tune: the op name and the key as JSON data (picklable, for workers)."""
-
-    op: str
-    key: dict[str, Any]
-    max_candidates: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,195 +94,6 @@ class SweepResult:
     keys: int = 0  # keys this call took (all of them, unless ``claim`` gave some elsewhere)
 
 
-# -- devices -----------------------------------------------------------------------------------
-def _kernel_modules_loaded() -> list[str]:
-    return sorted(m for m in sys.modules
-                  if m.startswith("kdispatch.kernels.") and m != "kdispatch.kernels._common")
-
-
-def use_interpreter() -> None:
-    """Select the Triton interpreter for this process (``TRITON_INTERPRET=1``).
-
-    It must happen before any kernel module is imported (Triton decides at decoration).
-
-    Raises
-    ------
-    TuningError
-        When kernel modules were already imported in compiled mode.
-    """
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    loaded = _kernel_modules_loaded()
-    if loaded:
-        raise TuningError(
-            "--device cpu needs the Triton interpreter, but kernel modules were already "
-            f"imported in compiled mode ({', '.join(loaded)}); set TRITON_INTERPRET=1 before "
-            "importing kdispatch kernels, or run the tuner in a fresh process")
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-def check_kernel_mode(spec: OpSpec, interpreter: bool) -> None:
-    """Raise TuningError if ``spec``'s Triton kernels were built for the other mode."""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError:  # pragma: no cover
-        return
-    for name in spec.source_modules:
-        mod = sys.modules.get(name)
-        for value in vars(mod).values() if mod else ():
-            fn, depth = value, 0
-            while depth < 4 and not isinstance(fn, JITFunction | InterpretedFunction) \
-                    and hasattr(fn, "fn"):
-                fn, depth = fn.fn, depth + 1
-            if interpreter and isinstance(fn, JITFunction):
-                raise TuningError(f"{name} was imported in compiled mode; --device cpu needs "
-                                  "TRITON_INTERPRET=1 before kdispatch's kernels are imported")
-            if not interpreter and isinstance(fn, InterpretedFunction):
-                raise TuningError(f"{name} was imported under TRITON_INTERPRET=1; GPU tuning "
-                                  "needs compiled kernels: unset TRITON_INTERPRET")
-
-
-def resolve_device(name: str) -> tuple[Device, Any]:
-    """The dispatch device and torch device for ``"cpu"``, ``"auto"`` or ``"cuda:N"``.
-
-    ``"cpu"`` selects the Triton interpreter (see :func:`use_interpreter`); its keys use the
-    interpreter device and never mix with a GPU's.
-    """
-    import torch
-
-    name = name.strip().lower()
-    if name in ("cpu", "interpreter", "cpu-interpreter"):
-        use_interpreter()
-        return Device.interpreter(), torch.device("cpu")
-    if name == "auto" or name == "cuda" or name.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise TuningError(f"device {name!r}: no CUDA/HIP GPU is available here; use "
-                              "--device cpu to exercise the pipeline on the Triton interpreter")
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            raise TuningError("TRITON_INTERPRET=1 is set: GPU tuning needs compiled kernels")
-        index = torch.cuda.current_device() if name in ("auto", "cuda") else None
-        if index is None:
-            try:
-                index = int(name.split(":", 1)[1])
-            except ValueError:
-                raise TuningError(f"device {name!r}: expected cuda:N") from None
-        if not 0 <= index < torch.cuda.device_count():
-            raise TuningError(f"device {name!r}: this host has {torch.cuda.device_count()} GPUs")
-        torch.cuda.set_device(index)
-        tdev = torch.device("cuda", index)
-        return Device.from_torch(tdev), tdev
-    raise TuningError(f"device {name!r}: expected cpu, auto or cuda:N")
-
-
-# -- planning ----------------------------------------------------------------------------------
-def plan(device: Device, preset_names: Iterable[str], ops: Iterable[str] | None = None,
-         ) -> tuple[list[TuneTarget], list[str]]:
-    """The deduplicated keys of the named presets for ``device``.
-
-    Returns
-    -------
-    targets : list of TuneTarget
-    notes : list of str
-        Optional entries skipped because the op rejected their shape.
-    """
-    targets: list[TuneTarget] = []
-    notes: list[str] = []
-    seen: set[tuple[str, str]] = set()
-    for pname in preset_names:
-        preset = _presets.get_preset(pname)
-        for entry in _presets.expand([pname], ops):
-            spec = get_op(entry.op)
-            try:
-                key = spec.key(device, dict(entry.args))
-                spec.heuristic(key)
-            except ValueError as exc:
-                if not entry.optional:
-                    raise TuningError(f"preset {pname}: {entry.op} {dict(entry.args)}: "
-                                      f"{str(exc).splitlines()[0]}") from exc
-                note = (f"{pname}: skipped {entry.op} {dict(entry.args)}: "
-                        f"{str(exc).splitlines()[0]}")
-                if note not in notes:
-                    notes.append(note)
-                continue
-            data = key.model_dump(mode="json")
-            k = (entry.op, digest(data))
-            if k not in seen:
-                seen.add(k)
-                targets.append(TuneTarget(entry.op, data, preset.max_candidates))
-    return targets, notes
-
-
-def plan_misses(store: Store, device: Device, ops: Iterable[str] | None = None,
-                ) -> tuple[list[TuneTarget], list[str]]:
-    """The keys the store recorded as heuristic misses for ``device`` (not yet tuned)."""
-    wanted = set(ops) if ops else None
-    targets, notes = [], []
-    for op, key in store.misses(device_key=device.key):
-        if wanted is not None and op not in wanted:
-            continue
-        try:
-            spec = get_op(op)
-            data = spec.parse_key(key).model_dump(mode="json")
-        except ValueError as exc:
-            notes.append(f"miss {op} {key}: not tunable here: {str(exc).splitlines()[0]}")
-            continue
-        targets.append(TuneTarget(op, data))
-    return targets, notes
-
-
-def shard(targets: Sequence[TuneTarget], n: int) -> list[list[TuneTarget]]:
-    """Split targets into ``n`` shards round-robin (keys of one op spread over workers).
-
-    >>> [len(s) for s in shard([TuneTarget("x", {"i": i}) for i in range(5)], 2)]
-    [3, 2]
-    """
-    if n < 1:
-        raise ValueError(f"n: need at least one shard, got {n}")
-    return [list(targets[i::n]) for i in range(n)]
-
-
-def candidate_list(spec: OpSpec, key: Any, cap: int | None = None,
-                   ) -> list[tuple[OpConfig, Role]]:
-    """Valid candidates of ``key`` as (config, role); heuristic first, baseline next.
-
-    The role is ``"heuristic"``, ``"candidate"``, or ``"baseline"`` for the op's baseline
-    when it is not itself in the pruned candidate space: such a config is timed for
-    comparison only and is never stored as a best config (kv_write's indexed writes cannot
-    skip negative slots, so a table must never select them). With ``cap``, the heuristic
-    and baseline are kept, then the first half of the remaining room in the op's order
-    (its closest variants of the heuristic), then the rest sampled evenly.
-    """
-    heur = spec.heuristic(key)
-    out: dict[str, tuple[OpConfig, Role]] = {}
-    out[digest(heur.model_dump(mode="json"))] = (heur, "heuristic")
-    rest: list[tuple[OpConfig, Role]] = []
-    space: set[str] = set()
-    for cfg in spec.candidates(key):
-        d = digest(cfg.model_dump(mode="json"))
-        if d not in out and spec.is_valid(key, cfg):
-            out[d] = (cfg, "candidate")
-            rest.append((cfg, "candidate"))
-        space.add(d)
-    chosen = [out[digest(heur.model_dump(mode="json"))]]
-    base = spec.baseline(key)
-    if base is not None and spec.is_valid(key, base):
-        d = digest(base.model_dump(mode="json"))
-        if d not in out or out[d][1] == "candidate":
-            role: Role = "candidate" if d in space else "baseline"
-            rest = [r for r in rest if digest(r[0].model_dump(mode="json")) != d]
-            chosen.append((base, role))
-    if cap is not None and len(chosen) + len(rest) > cap:
-        # the first half of the room in the op's order (specs list the most telling
-        # variants of the heuristic first), the other half spread over the remainder
-        room = max(cap - len(chosen), 0)
-        head = (room + 1) // 2
-        tail = rest[head:]
-        step = len(tail) / (room - head) if room > head else 0
-        rest = rest[:head] + [tail[int(i * step)] for i in range(room - head)]
-    return chosen + rest
-
-
 # -- tuning ------------------------------------------------------------------------------------
 def _config_digest(cfg: OpConfig) -> str:
     return digest(cfg.model_dump(mode="json"))
@@ -321,7 +122,7 @@ def _warn_zero_inputs(op: str, inputs: dict[str, Any]) -> None:
                         "kernels (random inputs expected)", op, name)
 
 
-def _rotation_sets(spec: OpSpec, key: Any, tdev: Any, seed: int,
+def _rotation_sets(spec: Op, key: Any, tdev: Any, seed: int,
                    first: dict[str, Any]) -> list[dict[str, Any]]:
     """Input sets to cycle through while timing, so small working sets are not timed hot."""
     import torch
@@ -329,17 +130,18 @@ def _rotation_sets(spec: OpSpec, key: Any, tdev: Any, seed: int,
     if tdev.type != "cuda":
         return [first]
     l2 = int(getattr(torch.cuda.get_device_properties(tdev), "L2_cache_size", 0) or 0)
-    moved = max(int(spec.bytes_moved(key)), 1)
+    moved = max(int(spec.tuning.bytes_moved(key)), 1)
     if not l2 or moved >= 4 * l2:
         return [first]
     per_set = max(_storage_bytes(first), 1)
     n = min(MAX_INPUT_SETS, math.ceil(4 * l2 / moved), max(1, ROTATION_BYTES // per_set))
-    return [first] + [spec.make_inputs(key, tdev, seed + 1000 + i) for i in range(n - 1)]
+    return [first] + [spec.tuning.make_inputs(key, tdev, seed + 1000 + i)
+                      for i in range(n - 1)]
 
 
-def _timed(spec: OpSpec, config: OpConfig, sets: list[dict[str, Any]], tdev: Any,
+def _timed(spec: Op, config: OpConfig, sets: list[dict[str, Any]], tdev: Any,
            reps: int | None) -> Timing | Verdict:
-    fns = [lambda inp=inp: spec.run(config, inp) for inp in sets]
+    fns = [lambda inp=inp: spec.tuning.run(config, inp) for inp in sets]
     try:
         return time_call(fns, tdev, reps=reps)
     except infeasible_errors() as exc:
@@ -393,6 +195,9 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     t0 = time.monotonic()
     deadline = t0 + budget_minutes * 60 if budget_minutes is not None else None
     specs = {t.op: get_op(t.op) for t in targets}
+    for op in specs.values():
+        if op.tuning is None:
+            raise TuningError(f"op {op.name!r} has no tuning face")
     for spec in specs.values():
         check_kernel_mode(spec, device.is_interpreter)
     hashes = {op: spec.source_hash() for op, spec in specs.items()}
@@ -444,8 +249,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     continue
                 c0 = time.monotonic()
                 if ref is None:
-                    ref_inputs = spec.make_inputs(key, torch_device, seed)
-                    ref = spec.reference(ref_inputs)
+                    ref_inputs = spec.tuning.make_inputs(key, torch_device, seed)
+                    ref = spec.tuning.reference(ref_inputs)
                     del ref_inputs
                 m = _measure(spec, key, cfg, role, ref, torch_device, seed, reps,
                              hashes[t.op], t.key)
@@ -473,13 +278,13 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     return result
 
 
-def _measure(spec: OpSpec, key: Any, cfg: OpConfig, role: Role, ref: Any, tdev: Any,
+def _measure(spec: Op, key: Any, cfg: OpConfig, role: Role, ref: Any, tdev: Any,
              seed: int, reps: int | None, source_hash: str,
              key_data: dict[str, Any]) -> MeasurementIn:
     """Verify then time one candidate on fresh inputs; never raises for infeasible configs."""
-    inputs = spec.make_inputs(key, tdev, seed)
+    inputs = spec.tuning.make_inputs(key, tdev, seed)
     _warn_zero_inputs(spec.name, inputs)
-    verdict = verify(spec, key, cfg, inputs, ref)
+    verdict = verify(spec.tuning, key, cfg, inputs, ref)
     timing: Timing | None = None
     if verdict.ok:
         sets = _rotation_sets(spec, key, tdev, seed, inputs)

@@ -138,9 +138,9 @@ def compare(out: Any, ref: Any, atol: float, rtol: float) -> Verdict:
     return Verdict("ok", worst, None)
 
 
-def run_candidate(spec: Any, config: Any, inputs: dict[str, Any]) -> Any:
-    """``spec.run(config, inputs)`` and wait for it; infeasible errors propagate as such."""
-    out = spec.run(config, inputs)
+def run_candidate(tuning: Any, config: Any, inputs: dict[str, Any]) -> Any:
+    """``tuning.run(config, inputs)`` and wait for it; infeasible errors propagate as such."""
+    out = tuning.run(config, inputs)
     tensors = as_tensors(out)
     if tensors and tensors[0].is_cuda:
         torch.cuda.synchronize(tensors[0].device)
@@ -153,21 +153,22 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:500]}" if text else type(exc).__name__
 
 
-def verify(spec: Any, key: Any, config: Any, inputs: dict[str, Any], reference: Any) -> Verdict:
+def verify(tuning: Any, key: Any, config: Any, inputs: dict[str, Any],
+           reference: Any) -> Verdict:
     """Run ``config`` on ``inputs`` and check it against ``reference``.
 
     Parameters
     ----------
-    spec : OpSpec
-        The op (its ``run`` and ``tolerance`` are used).
+    tuning : OpTuning
+        The op's tuning face (its ``run`` and ``tolerance`` are used).
     key : OpKey
         The key the inputs were made for (selects the tolerance).
     config : OpConfig
         The candidate.
     inputs : dict
-        Fresh inputs from ``spec.make_inputs`` (a candidate may write into them).
+        Fresh inputs from ``tuning.make_inputs`` (a candidate may write into them).
     reference : Tensor or tuple of Tensors
-        ``spec.reference`` of inputs made with the same seed, computed before any candidate.
+        ``tuning.reference`` of inputs made with the same seed, computed before any candidate.
 
     Returns
     -------
@@ -180,10 +181,10 @@ def verify(spec: Any, key: Any, config: Any, inputs: dict[str, Any], reference: 
         Anything else the candidate raises (a programming error) propagates.
     """
     try:
-        out = run_candidate(spec, config, inputs)
+        out = run_candidate(tuning, config, inputs)
     except infeasible_errors() as exc:
         if isinstance(exc, torch.cuda.OutOfMemoryError):
             torch.cuda.empty_cache()
         return Verdict("infeasible", None, describe(exc))
-    atol, rtol = spec.tolerance(key)
+    atol, rtol = tuning.tolerance(key)
     return compare(out, reference, atol, rtol)

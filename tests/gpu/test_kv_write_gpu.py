@@ -203,7 +203,7 @@ def test_pdl_chain_sees_each_previous_write():
     """96 pdl writes in one graph, each reading what the one before wrote (its source is a
     view of the previous cache's rows): a write that started before its predecessor had
     finished would copy stale rows. The graph is replayed with new first-step values."""
-    from kdispatch.kernels.kv_write import supports_pdl
+    from kdispatch.kernels._common import supports_pdl
 
     assert supports_pdl(torch.device("cuda")), "the GPU tests run on sm_90+"
     gen = torch.Generator(device="cuda").manual_seed(3)

@@ -90,7 +90,7 @@ def test_mla_latent_halves_kernel(dev, hq, hk, window, logit_cap):
     # Dv 512 shared latent runs _decode_stage1_latent (two half-width tiles): sliding
     # window, logit cap, several kv heads, > 16 heads (two head blocks), direct and split,
     # and a zero-length request
-    from kdispatch.kernels import decode_attention as da
+    from kdispatch.kernels.decode_attention import launch as da
     assert da.SPLIT_LATENT_MIN_DV <= 512
     q, k, v, bt, sl = make_case(dev, batch=3, hq=hq, hk=hk, dk=576, dv=512, pages=3,
                                 dtype=torch.bfloat16, latent=True, lens=[37, 0, 48],
@@ -107,7 +107,7 @@ def test_mla_latent_halves_kernel(dev, hq, hk, window, logit_cap):
 def test_reduce_launch_shape_rule():
     # one warp over up to 128 columns; four warps over 512 from 64 heads on; never from
     # the batch (measured: docs/decode_notes.md v6)
-    from kdispatch.kernels.decode_attention import _reduce_shape
+    from kdispatch.kernels.decode_attention.launch import reduce_shape as _reduce_shape
     assert _reduce_shape(16, 512) == (128, 1)
     assert _reduce_shape(12, 512) == (128, 1)
     assert _reduce_shape(32, 128) == (128, 1)

@@ -8,9 +8,11 @@ from pydantic import ValidationError
 
 import kdispatch
 from kdispatch.device import Device
-from kdispatch.kernels.decode_attention_spec import (
-    MAX_CANDIDATES, SPEC, WORKSPACE_BUDGET, DecodeConfig, DecodeKey, _workspace_bytes,
+from kdispatch.kernels.decode_attention import OP as SPEC
+from kdispatch.kernels.decode_attention.spec import (
+    MAX_CANDIDATES, WORKSPACE_BUDGET, DecodeConfig, DecodeKey,
 )
+from kdispatch.kernels.decode_attention.spec import workspace_bytes as _workspace_bytes
 from kdispatch.registry import get_op
 
 H200 = Device.from_key("nvidia-h200")
@@ -24,7 +26,7 @@ def key(**kw):
 
 def test_registry_returns_spec():
     assert get_op("decode_attention") is SPEC
-    assert SPEC.source_modules == ("kdispatch.kernels.decode_attention",)
+    assert len(SPEC.kernels) == 3 and len(SPEC.source_hash()) == 16
 
 
 def test_plain_key_buckets():
@@ -106,12 +108,12 @@ def test_pdl_is_a_candidate_for_split_grids_where_the_device_has_it(device, pdl)
     split = SPEC.key(dev, KIMI)
     heur = SPEC.heuristic(split)
     assert heur.num_kv_splits > 1 and not heur.pdl  # off by default (H200: no gain)
-    assert not SPEC.baseline(split).pdl
+    assert not SPEC.tuning.baseline(split).pdl
     one = heur.model_copy(update={"num_kv_splits": 1, "pdl": True})
     assert not SPEC.is_valid(split, one)  # no reduce to launch early
     early = heur.model_copy(update={"pdl": True})
     assert SPEC.is_valid(split, early) is pdl
-    cands = list(SPEC.candidates(split))
+    cands = list(SPEC.tuning.candidates(split))
     assert all(SPEC.is_valid(split, c) for c in cands)
     assert (early in cands) is pdl  # the tuner measures the early reduce beside the heuristic
 
@@ -147,30 +149,30 @@ def test_is_valid_rejects_over_budget_and_oversized():
                                      head_dim_v=128, context=262144)])
 def test_candidates_bounded_valid_and_include_defaults(kw):
     k = key(**kw)
-    cands = list(SPEC.candidates(k))
+    cands = list(SPEC.tuning.candidates(k))
     assert 8 <= len(cands) <= MAX_CANDIDATES
     assert len(set(cands)) == len(cands)
     assert all(SPEC.is_valid(k, c) for c in cands)
-    assert SPEC.heuristic(k) in cands and SPEC.baseline(k) in cands
-    assert SPEC.baseline(k).num_kv_splits == 1
+    assert SPEC.heuristic(k) in cands and SPEC.tuning.baseline(k) in cands
+    assert SPEC.tuning.baseline(k).num_kv_splits == 1
     assert len({c.num_kv_splits for c in cands}) >= 3
 
 
 def test_tolerance_and_bytes():
-    assert SPEC.tolerance(key(dtype="float32"))[0] < SPEC.tolerance(key(dtype="float16"))[0] \
-        < SPEC.tolerance(key())[0]
+    assert SPEC.tuning.tolerance(key(dtype="float32"))[0] < SPEC.tuning.tolerance(key(dtype="float16"))[0] \
+        < SPEC.tuning.tolerance(key())[0]
     k = key()
-    mla = SPEC.bytes_moved(k)
+    mla = SPEC.tuning.bytes_moved(k)
     assert mla >= k.batch * k.context * 576 * 2  # latent once
     assert mla < k.batch * k.context * (576 + 512) * 2  # not K and V separately
     g = key(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128)
-    assert SPEC.bytes_moved(g) >= g.batch * g.context * 8 * 256 * 2
+    assert SPEC.tuning.bytes_moved(g) >= g.batch * g.context * 8 * 256 * 2
 
 
 def test_make_inputs_map_to_key_on_cpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the checks on a GPU host too
     k = SPEC.key(Device.interpreter(), dict(KIMI, batch=2, context=64, num_q_heads=4))
-    inp = SPEC.make_inputs(k, "cpu", seed=1)
+    inp = SPEC.tuning.make_inputs(k, "cpu", seed=1)
     assert inp["v_cache"].data_ptr() == inp["k_cache"].data_ptr()
     assert inp["q"].abs().sum() > 0 and inp["k_cache"].float().abs().sum() > 0
     assert int(inp["seq_lens"].max()) <= inp["block_table"].shape[1] * 16
@@ -183,9 +185,9 @@ def test_make_inputs_map_to_key_on_cpu(monkeypatch):
 def test_merge_is_a_candidate_for_split_grids(device):
     split = SPEC.key(Device.from_key(device), KIMI)
     heur = SPEC.heuristic(split)
-    assert heur.num_kv_splits > 1 and not SPEC.baseline(split).merge
+    assert heur.num_kv_splits > 1 and not SPEC.tuning.baseline(split).merge
     twin = heur.model_copy(update={"merge": not heur.merge, "pdl": False})
-    cands = list(SPEC.candidates(split))
+    cands = list(SPEC.tuning.candidates(split))
     assert cands[0] == heur and twin in cands[:3]  # measured right beside the heuristic
     assert all(SPEC.is_valid(split, c) for c in cands)
     assert not SPEC.is_valid(split, heur.model_copy(update={"num_kv_splits": 1,
@@ -213,4 +215,4 @@ def test_merge_heuristic_only_where_measured():
     k = SPEC.key(Device.from_key("amd-mi355x"), {**KIMI, **kw})
     h = SPEC.heuristic(k)
     assert 1 < h.num_kv_splits <= 4 and not h.merge  # not measured on AMD: a candidate only
-    assert h.model_copy(update={"merge": True}) in list(SPEC.candidates(k))
+    assert h.model_copy(update={"merge": True}) in list(SPEC.tuning.candidates(k))

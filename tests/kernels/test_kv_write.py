@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import kdispatch
-from kdispatch.kernels.kv_write_spec import SPEC
+from kdispatch.kernels.kv_write import OP as SPEC
 from kdispatch.kernels.kv_write import (
     KVWriteConfig,
     KVWriteKey,
     launch_kv_write,
     reference_kv_write,
 )
-from kdispatch.registry import OpKey
+from kdispatch.opdef import OpKey
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEADS, DIM, PAGE, BLOCKS = 3, 24, 4, 40  # odd heads, non-pow2 dim: both masked tails
@@ -142,7 +142,7 @@ def test_every_candidate_gives_identical_pools(dev):
     case = make_case(dev, tokens=8, heads=HEADS, dim=DIM, seed=21, negative=2, first_last=True)
     mask = torch.tensor([True, True, False, True, True, True, False, True], device=dev)
     key = SPEC.key(kdispatch.Device.interpreter(), {**case, "row_mask": mask})
-    candidates = list(SPEC.candidates(key))
+    candidates = list(SPEC.tuning.candidates(key))
     assert len(candidates) >= 8
     assert {c.block_h for c in candidates} >= {1, 2, 4} and {c.block_t for c in candidates} >= {1, 8}
     ref_k, ref_v = reference_kv_write(**case, row_mask=mask)
@@ -185,15 +185,15 @@ def test_spec_run_matches_reference(dev, masking):
     """The tuner's hooks: make_inputs -> run (heuristic and every fused candidate) == reference."""
     key = KVWriteKey(**OpKey.device_fields(kdispatch.Device.interpreter()), dtype="bfloat16",
                      num_kv_heads=2, head_dim=32, page_size=4, tokens=8, masking=masking)
-    inputs = SPEC.make_inputs(key, dev, seed=5)
+    inputs = SPEC.tuning.make_inputs(key, dev, seed=5)
     assert SPEC.key(kdispatch.Device.interpreter(), inputs) == key
-    ref = SPEC.reference(inputs)
-    configs = [SPEC.heuristic(key), *list(SPEC.candidates(key))[:6]]
+    ref = SPEC.tuning.reference(inputs)
+    configs = [SPEC.heuristic(key), *list(SPEC.tuning.candidates(key))[:6]]
     if masking == "none":
-        configs.append(SPEC.baseline(key))
+        configs.append(SPEC.tuning.baseline(key))
     for cfg in configs:
-        out = SPEC.run(cfg, inputs)
-        atol, rtol = SPEC.tolerance(key)
+        out = SPEC.tuning.run(cfg, inputs)
+        atol, rtol = SPEC.tuning.tolerance(key)
         for o, r in zip(out, ref):
             torch.testing.assert_close(o.float(), r, atol=atol, rtol=rtol)
     # the write did something: the reference differs from the pristine pool
@@ -268,7 +268,7 @@ def test_indexed_with_masking_is_rejected(dev):
 
 def test_pdl_config_runs_where_supported_and_is_refused_elsewhere(dev):
     """pdl=True: identical pools on an sm_90+ GPU; a ValueError naming config elsewhere."""
-    from kdispatch.kernels.kv_write import supports_pdl
+    from kdispatch.kernels._common import supports_pdl
 
     case = make_case(dev, tokens=17, seed=5, negative=2, first_last=True)
     cfg = KVWriteConfig(variant="fused", block_h=2, block_t=1, num_warps=2, pdl=True)

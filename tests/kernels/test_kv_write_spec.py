@@ -9,8 +9,9 @@ from pydantic import ValidationError
 import kdispatch
 from kdispatch.device import Device
 from kdispatch.kernels.kv_write import KVWriteConfig, KVWriteKey
-from kdispatch.kernels.kv_write_spec import SPEC
-from kdispatch.registry import OpKey, get_op
+from kdispatch.kernels.kv_write import OP as SPEC
+from kdispatch.opdef import OpKey
+from kdispatch.registry import get_op
 
 H200 = Device.from_key("nvidia-h200")
 PLAIN = dict(device="nvidia-h200", tokens=8, num_kv_heads=16, head_dim=128, page_size=16,
@@ -42,7 +43,7 @@ def tensor_args(device="meta", tokens=8, heads=16, dim=128, page=16, dtype=torch
 
 def test_registered_under_kv_write():
     assert get_op("kv_write") is SPEC
-    assert SPEC.source_modules == ("kdispatch.kernels.kv_write",)
+    assert len(SPEC.kernels) == 1
     assert len(SPEC.source_hash()) == 16
 
 
@@ -212,8 +213,8 @@ def test_fused_pruning():
 
 
 def test_baseline_is_indexed():
-    assert SPEC.baseline(mkkey()).variant == "indexed"
-    assert SPEC.is_valid(mkkey(), SPEC.baseline(mkkey()))
+    assert SPEC.tuning.baseline(mkkey()).variant == "indexed"
+    assert SPEC.is_valid(mkkey(), SPEC.tuning.baseline(mkkey()))
 
 
 # -- heuristic ----------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def test_pdl_only_where_the_device_has_it(device, pdl):
     assert SPEC.heuristic(key).pdl is pdl
     with_pdl = SPEC.heuristic(key).model_copy(update={"pdl": True})
     assert SPEC.is_valid(key, with_pdl) is pdl
-    cands = list(SPEC.candidates(key))
+    cands = list(SPEC.tuning.candidates(key))
     assert all(SPEC.is_valid(key, c) for c in cands)
     if pdl:  # every tile with pdl, and the heuristic's tile without it (first)
         assert cands[0] == SPEC.heuristic(key).model_copy(update={"pdl": False})
@@ -289,7 +290,7 @@ def test_heuristic_ladders_move():
 @pytest.mark.parametrize("masking", MASKINGS)
 def test_candidates_never_include_indexed(masking):
     key = mkkey(masking=masking)
-    cands = list(SPEC.candidates(key))
+    cands = list(SPEC.tuning.candidates(key))
     assert cands and all(c.variant == "fused" for c in cands)
     assert all(SPEC.is_valid(key, c) for c in cands)
     assert len(set(cands)) == len(cands)
@@ -298,7 +299,7 @@ def test_candidates_never_include_indexed(masking):
 
 def test_candidates_cover_the_grid():
     for key in _key_grid():
-        cands = list(SPEC.candidates(key))
+        cands = list(SPEC.tuning.candidates(key))
         assert cands, key
         assert SPEC.heuristic(key) in cands, key
 
@@ -308,7 +309,7 @@ def test_candidates_cover_the_grid():
 def test_make_inputs_shape_and_content(masking):
     key = mkkey(num_kv_heads=2, head_dim=32, page_size=4, tokens=16, masking=masking,
                 dtype="float16")
-    inputs = SPEC.make_inputs(key, "cpu", seed=1)
+    inputs = SPEC.tuning.make_inputs(key, "cpu", seed=1)
     assert SPEC.key(H200, inputs).model_dump(exclude={"device", "vendor", "arch", "cu_count"}) \
         == key.model_dump(exclude={"device", "vendor", "arch", "cu_count"})
     k, v = inputs["key"], inputs["value"]
@@ -329,22 +330,22 @@ def test_make_inputs_shape_and_content(masking):
 
 def test_make_inputs_is_seeded():
     key = mkkey(num_kv_heads=2, head_dim=32, page_size=4, tokens=16, masking="both")
-    a, b, c = (SPEC.make_inputs(key, "cpu", seed=s) for s in (3, 3, 4))
+    a, b, c = (SPEC.tuning.make_inputs(key, "cpu", seed=s) for s in (3, 3, 4))
     assert torch.equal(a["key"], b["key"]) and torch.equal(a["slot_mapping"], b["slot_mapping"])
     assert not torch.equal(a["key"], c["key"])
 
 
 def test_make_inputs_first_and_last_slot():
     key = mkkey(num_kv_heads=1, head_dim=16, page_size=4, tokens=8)
-    inputs = SPEC.make_inputs(key, "cpu", seed=0)
+    inputs = SPEC.tuning.make_inputs(key, "cpu", seed=0)
     slots = inputs["slot_mapping"]
     assert int(slots[0]) == 0 and int(slots[-1]) == inputs["key_cache"].shape[0] * 4 - 1
 
 
 def test_tolerance_is_exact_and_bytes_moved():
     for dtype in ("float32", "float16", "bfloat16"):
-        assert SPEC.tolerance(mkkey(dtype=dtype)) == (0.0, 0.0)
+        assert SPEC.tuning.tolerance(mkkey(dtype=dtype)) == (0.0, 0.0)
     t, h, d = 8, 16, 128
-    assert SPEC.bytes_moved(mkkey()) == 4 * t * h * d * 2 + 8 * t
-    assert SPEC.bytes_moved(mkkey(dtype="float32", masking="both")) == \
+    assert SPEC.tuning.bytes_moved(mkkey()) == 4 * t * h * d * 2 + 8 * t
+    assert SPEC.tuning.bytes_moved(mkkey(dtype="float32", masking="both")) == \
         4 * t * h * d * 4 + 8 * t + t + 4

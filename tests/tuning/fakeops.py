@@ -23,7 +23,8 @@ from pydantic import Field
 from triton.runtime.errors import OutOfResources
 
 from kdispatch.buckets import pow2_bucket
-from kdispatch.registry import OpConfig, OpKey, OpSpec, register, unregister
+from kdispatch.opdef import Op, OpConfig, OpKey, OpTuning
+from kdispatch.registry import register, unregister
 from kdispatch.tuning.presets import Preset, PresetEntry, register_preset, unregister_preset
 
 HERE = Path(__file__).resolve().parent
@@ -40,10 +41,14 @@ class FakeConfig(OpConfig):
     block: int = 16
 
 
-class FakeSpec(OpSpec):
+class FakeSpec(Op, OpTuning):
     name: ClassVar[str] = "tune_fake"
     key_model = FakeKey
     config_model = FakeConfig
+
+    @property
+    def tuning(self):  # one object plays both faces
+        return self
 
     def memo_key(self, args):
         return (args.get("device"), args["n"])

@@ -19,8 +19,8 @@ def _keys(name, device, op):
 def test_required_presets_exist_and_are_bf16_page16():
     assert set(REQUIRED) <= set(presets.preset_names())
     for name in REQUIRED:
-        for e in presets.get_preset(name).entries:
-            assert e.args["dtype"] == "bfloat16" and e.args["page_size"] == 16
+        model = presets.get_preset(name).model
+        assert model.dtype == "bfloat16" and model.page_size == 16
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         presets.get_preset("nope")
 

@@ -149,7 +149,7 @@ def test_a_killed_ray_worker_is_retried_and_resumes(tmp_path):
     assert committed_by_victim == {_pair(m) for m in rows if m.run_id == victim.id}
     # the task was retried: a third run finished shard 0 after the victim's (never finished)
     assert len(runs) == 3
-    assert {x.status for x in runs if x.id == victim.id} == {"running"}
+    assert {x.status for x in runs if x.id == victim.id} == {"killed"}  # seen dead
     retry = [x for x in runs if x.id > victim.id and x.pid != victim.pid and
              {json.loads(m.key_json)["n"] for m in rows if m.run_id == x.id} <= SHARD0
              and any(m.run_id == x.id for m in rows)]

@@ -276,7 +276,7 @@ def test_capped_candidates_keep_the_ops_first_variants():
     """A capped sweep keeps the op's first-listed variants of the heuristic (for decode: its
     pdl and merge twins), then spreads the rest: an evenly sampled cap of 12 once skipped
     the pdl twin that later measured fastest at deepseek b32 x 16k."""
-    from kdispatch.kernels.decode_attention import SPEC as DECODE
+    from kdispatch.kernels.decode_attention import OP as DECODE
 
     key = DECODE.key(Device.from_key("nvidia-h200"), dict(
         batch=32, context=16384, num_q_heads=16, num_kv_heads=1, head_dim=576,

@@ -1,11 +1,5 @@
-"""Split-KV paged decode attention for GQA/MHA and absorbed MLA (op ``decode_attention``).
+"""The Triton kernels of ``decode_attention``: stage 1 (two forms), the reduce, shared helpers.
 
-Layout: ``q [B, Hq, Dk]``, caches ``[num_blocks, page_size, Hk, D]`` (vLLM flash layout,
-any strides with a contiguous last dim), ``block_table int32 [B, max_pages]``,
-``seq_lens int32 [B]`` (read only on the device).
-
-Kernels
--------
 ``_decode_stage1``
     One program per (kv head x head block, split, request). It walks the tokens of its
     split in ``BLOCK_N`` tiles, gathering each token's page through the block table, and
@@ -23,42 +17,21 @@ Kernels
 ``_decode_reduce``
     One program per (q head, Dv block, request): merges the non-empty splits' partials.
 
-With ``USE_PDL`` (config ``pdl``, NVIDIA sm_90+, split counts > 1) the reduce is a
-programmatic dependent launch: stage 1 lets it launch at once, and it reads the request's
-length and sets up before ``griddepcontrol.wait``, which returns once stage 1 has finished
-and its partials are visible; so the reduce's launch latency hides under stage 1's tail.
+With ``USE_PDL`` the reduce is a programmatic dependent launch: stage 1 lets it launch at
+once, and it reads the request's length and sets up before ``griddepcontrol.wait``, which
+returns once stage 1 has finished and its partials are visible.
 
-With ``MERGE`` (config ``merge``, split counts > 1) there is no reduce kernel: after
-storing its partial, each stage-1 program takes a ticket from an arrival counter of its
-(request, head block) (zeroed per call); the program that arrives last merges every
-split's partials, in split order, into the output (``_merge_if_last``). This saves the
-reduce's launch and its round trips, at the cost of a zeroing node and one merge on the
-last program's tail.
+With ``MERGE`` there is no reduce kernel: after storing its partial, each stage-1 program
+takes a ticket from an arrival counter of its (request, head block) (zeroed per call); the
+program that arrives last merges every split's partials, in split order, into the output.
 
-Split boundaries depend only on the request's own live length and the config
-(``chunk = ceil(ceil(live / S) / BLOCK_N) * BLOCK_N`` tokens per split, aligned to BLOCK_N),
-so a request's bits do not depend on what it is batched with; trailing splits of a short
-request are empty: stage 1 stores nothing for them and the reduce never reads them.
-The grid and every constexpr come from shapes and the config, never from ``seq_lens``.
+Split boundaries depend only on the request's own live length and the config, so a
+request's bits do not depend on what it is batched with. A page id outside
+``[0, num_blocks)`` is masked: its tokens are never read and contribute nothing.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-import torch
 import triton
 import triton.language as tl
-
-from kdispatch.kernels._common import check_tensor, interpreting, supports_pdl
-from kdispatch.kernels.decode_attention_checks import check_decode_inputs, shares_latent
-
-LOG2E = 1.4426950408889634
-#: splits merged per iteration of the reduce
-_REDUCE_SPLIT_CHUNK = 8
-#: a shared latent at least this wide (and a power of two) runs ``_decode_stage1_latent``
-#: (two half-width tiles); measured on the H200 at DV 512 only (docs/decode_notes.md v3)
-SPLIT_LATENT_MIN_DV = 512
 
 
 @triton.jit
@@ -125,7 +98,7 @@ def _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, n_valid,
 @triton.jit
 def _decode_stage1(
     Q, K, V, BT, SL, O, PO, PL, CNT,
-    qk_scale, cap, window, max_len,
+    qk_scale, cap, window, max_len, num_blocks,
     stride_qb, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_vb, stride_vp, stride_vh,
@@ -183,6 +156,8 @@ def _decode_stage1(
         offs_next = offs_n + BLOCK_N
         page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
                             other=0)
+        # a page id outside [0, num_blocks) is never read and its tokens weigh nothing
+        n_mask = n_mask & (page >= 0) & (page < num_blocks)
         page64 = page.to(tl.int64)
         in_page = offs_n % PAGE
         k_rows = page64 * stride_kb + in_page * stride_kp + k_head
@@ -205,8 +180,10 @@ def _decode_stage1(
             s = s * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        # a tile of masked pages may leave the running max at -inf: exponents stay finite
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if SHARED_KV:
             v = k
@@ -242,7 +219,7 @@ def _decode_stage1(
 @triton.jit
 def _decode_stage1_latent(
     Q, K, BT, SL, O, PO, PL, CNT,
-    qk_scale, cap, window, max_len,
+    qk_scale, cap, window, max_len, num_blocks,
     stride_qb, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_btb, stride_btp, stride_sl,
@@ -307,6 +284,8 @@ def _decode_stage1_latent(
         offs_next = offs_n + BLOCK_N
         page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
                             other=0)
+        # a page id outside [0, num_blocks) is never read and its tokens weigh nothing
+        n_mask = n_mask & (page >= 0) & (page < num_blocks)
         page64 = page.to(tl.int64)
         in_page = offs_n % PAGE
         k_rows = page64 * stride_kb + in_page * stride_kp + k_head
@@ -333,8 +312,10 @@ def _decode_stage1_latent(
             s = s * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        # a tile of masked pages may leave the running max at -inf: exponents stay finite
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         pb = p.to(k0.dtype)
         acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)
@@ -401,163 +382,3 @@ def _decode_reduce(
         acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
-
-
-# -- host side ------------------------------------------------------------------------------
-def _p2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _reduce_shape(heads: int, dv: int) -> tuple[int, int]:
-    """``(BLOCK_DV, num_warps)`` of the reduce for ``heads`` q heads.
-
-    One warp over up to 128 columns; four warps over 512 columns from 64 heads on. From
-    the head count only, never the batch, so a request's merged bits do not depend on
-    what it is batched with. H200 (``tools/experiments/reduce_sweep.py``, docs/
-    decode_notes.md v6), against one 4-warp program per 128 columns: deepseek TP8 b32
-    (8 splits) 3.7 vs 8.6 us, kimi b8 (33 splits) 4.1 vs 6.9, kimi b1 (132 splits) 7.8 vs
-    8.2, TP1 (128 heads) 7.6 vs 50 us.
-    """
-    block_dv = min(_p2(dv), 512 if heads >= 64 else 128)
-    return block_dv, max(1, block_dv // 128)
-
-
-def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
-                            v_cache: torch.Tensor, block_table: torch.Tensor,
-                            seq_lens: torch.Tensor, *, scale: float,
-                            out: torch.Tensor | None = None,
-                            sliding_window: int | None = None,
-                            logit_cap: float = 0.0) -> torch.Tensor:
-    """Run decode attention with an explicit config (no dispatch).
-
-    Parameters
-    ----------
-    config : DecodeConfig
-        ``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``, ``num_stages``, ``pdl``,
-        ``merge``.
-    q : Tensor ``[B, Hq, Dk]`` (fp32, fp16 or bf16; contiguous last dim)
-    k_cache : Tensor ``[num_blocks, page_size, Hk, Dk]``
-    v_cache : Tensor ``[num_blocks, page_size, Hk, Dv]``
-        ``Dv <= Dk``. The view ``k_cache[..., :Dv]`` (absorbed MLA) is detected and read
-        once through the K tile; any other tensor is read separately.
-    block_table : int32 Tensor ``[B, max_pages]``
-    seq_lens : int32 Tensor ``[B]`` (read on device); a length is clamped to
-        ``[0, max_pages * page_size]``, and a request of length 0 gets a zero output
-    scale : float
-        Softmax scale applied to ``q . k``.
-    out : Tensor ``[B, Hq, Dv]`` in q's dtype, optional
-    sliding_window : int, optional
-        Attend to the last ``sliding_window`` tokens only (>= 1).
-    logit_cap : float
-        When > 0, scores become ``logit_cap * tanh(score / logit_cap)``.
-
-    Returns
-    -------
-    Tensor ``[B, Hq, Dv]`` in q's dtype (``out`` when given).
-    """
-    check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens)
-    b, hq, dk = q.shape
-    _, page, hk, _ = k_cache.shape
-    dv = v_cache.shape[3]
-    if sliding_window is not None and (isinstance(sliding_window, bool)
-                                       or int(sliding_window) < 1):
-        raise ValueError(f"sliding_window: must be None or an int >= 1, got {sliding_window!r}")
-    if not logit_cap >= 0.0:
-        raise ValueError(f"logit_cap: must be >= 0, got {logit_cap!r}")
-    if out is None:
-        out = torch.empty((b, hq, dv), dtype=q.dtype, device=q.device)
-    else:
-        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
-        if tuple(out.shape) != (b, hq, dv):
-            raise ValueError(f"out: shape {tuple(out.shape)} != {(b, hq, dv)}")
-
-    group = hq // hk
-    block_h = int(config.block_h)
-    head_blocks = triton.cdiv(group, block_h)
-    splits = int(config.num_kv_splits)
-    block_n = int(config.block_n)
-    shared = shares_latent(k_cache, v_cache)
-    upcast = interpreting() and q.dtype != torch.float32
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    block_d = max(16, _p2(dv))
-    dpe = dk - dv
-    block_dpe = max(16, _p2(dpe)) if dpe > 0 else 0
-    sliding = sliding_window is not None
-    window = int(sliding_window) if sliding else 0
-    max_len = block_table.shape[1] * page
-    cap = float(logit_cap)
-    qk_scale = float(scale) * (1.0 if cap > 0 else LOG2E)
-    direct = splits == 1
-    pdl = bool(getattr(config, "pdl", False)) and not direct
-    merge = bool(getattr(config, "merge", False)) and not direct
-    if pdl and merge:
-        raise ValueError("config: pdl and merge exclude each other (merge launches no reduce)")
-    if pdl and not supports_pdl(q.device):
-        raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 or "
-                         f"newer; {q.device} has none")
-    if direct:
-        po, pl = out, out  # unused placeholders
-        spo = (0, 0, 0)
-        spl = (0, 0)
-    else:
-        po = torch.empty((b, hq, splits, dv), dtype=torch.float32, device=q.device)
-        pl = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
-        spo = po.stride()[:3]
-        spl = pl.stride()[:2]
-    # merge: one arrival counter per (request, head block), zeroed per call (stream-ordered,
-    # so concurrent calls on other streams and graph replays never share one)
-    cnt = torch.zeros((b, hk * head_blocks), dtype=torch.int32, device=q.device) if merge else pl
-    splits_p2 = max(16, _p2(splits))
-    merge_args = dict(MERGE=merge, BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2)
-    grid = (hk * head_blocks, splits, b)
-    if shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV:
-        _decode_stage1_latent[grid](
-            q, k_cache, block_table, seq_lens, out, po, pl, cnt,
-            qk_scale, cap if cap > 0 else 1.0, window, max_len,
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            block_table.stride(0), block_table.stride(1), seq_lens.stride(0),
-            out.stride(0), out.stride(1),
-            *spo, *spl, cnt.stride(0) if merge else 0,
-            GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
-            BLOCK_N=block_n, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits,
-            SLIDING=sliding, LOGIT_CAP=cap > 0, UPCAST=upcast, DIRECT=direct,
-            PREC=prec, USE_PDL=pdl, **merge_args, num_warps=int(config.num_warps),
-            num_stages=int(config.num_stages),
-        )
-    else:
-        _decode_stage1[grid](
-            q, k_cache, v_cache, block_table, seq_lens, out, po, pl, cnt,
-            qk_scale, cap if cap > 0 else 1.0, window, max_len,
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_table.stride(0), block_table.stride(1), seq_lens.stride(0),
-            out.stride(0), out.stride(1),
-            *spo, *spl, cnt.stride(0) if merge else 0,
-            GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
-            BLOCK_N=block_n, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits,
-            SHARED_KV=shared, SLIDING=sliding, LOGIT_CAP=cap > 0, UPCAST=upcast, DIRECT=direct,
-            PREC=prec, USE_PDL=pdl, **merge_args, num_warps=int(config.num_warps),
-            num_stages=int(config.num_stages),
-        )
-    if not direct and not merge:
-        block_dv, reduce_warps = _reduce_shape(hq, dv)
-        _decode_reduce[(hq, triton.cdiv(dv, block_dv), b)](
-            seq_lens, po, pl, out, window, max_len,
-            seq_lens.stride(0), *spo, *spl, out.stride(0), out.stride(1),
-            DV=dv, BLOCK_DV=block_dv, BLOCK_N=block_n, NUM_KV_SPLITS=splits,
-            SPLITS_P2=splits_p2, SPLIT_CHUNK=_REDUCE_SPLIT_CHUNK, SLIDING=sliding,
-            USE_PDL=pdl, num_warps=reduce_warps, num_stages=2,
-            **({"launch_pdl": True} if pdl else {}),
-        )
-    return out
-
-
-from kdispatch.kernels.decode_attention_ref import reference_decode_attention  # noqa: E402
-from kdispatch.kernels.decode_attention_spec import (  # noqa: E402
-    SPEC, DecodeConfig, DecodeKey, DecodeSpec,
-)
-
-__all__ = ["SPEC", "DecodeConfig", "DecodeKey", "DecodeSpec", "check_decode_inputs",
-           "launch_decode_attention", "reference_decode_attention", "shares_latent"]

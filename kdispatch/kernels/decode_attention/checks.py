@@ -1,18 +1,20 @@
 """Host-side input checks of ``decode_attention`` (shapes, dtypes, strides, devices only).
 
-Kept apart from the kernel module: the shipped tables are keyed to the kernel module's
-source, and these checks never change what a launch computes.
+Nothing here reads device memory: a page id outside the cache or a length past the page
+table is handled in the kernel (masked, clamped), never checked on the host.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import torch
 
 from kdispatch.kernels._common import check_runnable, check_tensor
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def shares_latent(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -30,14 +32,15 @@ def shares_latent(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
 
 def check_decode_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
                         seq_lens: Any) -> None:
-    """Raise ValueError naming the offending argument when the inputs do not fit the op.
-
-    Reads shapes, dtypes, strides and devices only (never device memory).
-    """
-    check_tensor("q", q, ndim=3, dtypes=_DTYPES, last_contiguous=True)
+    """Raise ValueError naming the offending argument when the tensors do not fit the op."""
+    check_tensor("q", q, ndim=3, dtypes=DTYPES, last_contiguous=True)
     check_runnable("q", q)
     dev = q.device
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=_DTYPES, device=dev, last_contiguous=True)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=DTYPES, device=dev, last_contiguous=True)
+    if k_cache.dtype != q.dtype:
+        raise ValueError(f"k_cache: dtype {str(k_cache.dtype).removeprefix('torch.')} differs "
+                         f"from q's {str(q.dtype).removeprefix('torch.')}; pass q in the "
+                         "cache's dtype")
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=dev,
                  last_contiguous=True)
     check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=dev)
@@ -67,5 +70,29 @@ def check_decode_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
         raise ValueError(f"seq_lens: {seq_lens.shape[0]} entries for a batch of {b}")
     if b < 1 or hq < 1:
         raise ValueError(f"q: empty batch or head dim in shape {tuple(q.shape)}")
+    if nb < 1:
+        raise ValueError(f"k_cache: no pages in shape {tuple(k_cache.shape)}")
     if page < 1 or page & (page - 1):
         raise ValueError(f"k_cache: page size {page} must be a power of two")
+
+
+def check_call(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any,
+               scale: Any, out: Any, sliding_window: Any, logit_cap: Any) -> None:
+    """Every host check of one call: the tensors, the output and the scalar arguments."""
+    check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens)
+    if isinstance(scale, bool) or not isinstance(scale, float | int) \
+            or not math.isfinite(scale):
+        raise ValueError(f"scale: must be a finite float, got {scale!r}")
+    if sliding_window is not None and (isinstance(sliding_window, bool)
+                                       or not isinstance(sliding_window, numbers.Integral)
+                                       or sliding_window < 1):
+        raise ValueError(f"sliding_window: must be None or an int >= 1, got {sliding_window!r}")
+    if isinstance(logit_cap, bool) or not isinstance(logit_cap, float | int) \
+            or not logit_cap >= 0.0 or not math.isfinite(logit_cap):
+        raise ValueError(f"logit_cap: must be a finite float >= 0, got {logit_cap!r}")
+    if out is not None:
+        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device,
+                     last_contiguous=True)
+        b, hq, _ = q.shape
+        if tuple(out.shape) != (b, hq, v_cache.shape[3]):
+            raise ValueError(f"out: shape {tuple(out.shape)} != {(b, hq, v_cache.shape[3])}")

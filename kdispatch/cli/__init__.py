@@ -1,0 +1,56 @@
+"""The ``kdispatch`` command line: tune, resolve, explain, show, export, import, merge, doctor.
+
+Every command is a thin layer over library calls. Every failure is one line naming its
+cause (``KDISPATCH_DEBUG=1`` shows the traceback); nothing heavy (torch, pydantic,
+SQLAlchemy, rich) is imported until a command needs it, so ``kdispatch --help`` is quick.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kdispatch._version import __version__
+from kdispatch.cli.common import domain_errors
+
+
+class _Main(click.Group):
+    """The root group: any error below a command becomes one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with domain_errors():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version=__version__, prog_name="kdispatch")
+def main() -> None:
+    """kdispatch: tuned launch configs for Triton kernels (decode attention, KV writes,
+    and any op a package defines).
+
+    \b
+    Example:
+      kdispatch tune --device cpu --preset smoke
+      kdispatch resolve decode_attention --device nvidia-h200 --batch 8 --context 327600 \\
+          --num-q-heads 12 --num-kv-heads 1 --head-dim 576 --head-dim-v 512
+    """
+
+
+def _register() -> None:
+    from kdispatch.cli import doctor, lookup, tables, tune
+
+    main.add_command(tune.tune)
+    main.add_command(lookup.resolve)
+    main.add_command(lookup.explain)
+    main.add_command(tables.show)
+    main.add_command(tables.export)
+    main.add_command(tables.import_)
+    main.add_command(tables.merge)
+    main.add_command(doctor.doctor)
+
+
+_register()
+
+if __name__ == "__main__":  # pragma: no cover - python -m kdispatch.cli
+    main()

@@ -1,0 +1,5 @@
+"""``python -m kdispatch.cli``."""
+
+from kdispatch.cli import main
+
+main()

@@ -1,0 +1,58 @@
+"""The dtypes kdispatch's keys speak of: their names, aliases and torch dtypes (one place).
+
+Keys store dtype *names* (``"bfloat16"``), never torch objects, so a key is plain JSON and
+resolving one on a machine without torch's CUDA build still works.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+#: floating-point dtypes of activations and caches
+FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+DType = Literal["float32", "float16", "bfloat16"]
+
+_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+            "bf16": "bfloat16"}
+
+
+def dtype_name(dtype: Any, name: str = "dtype",
+               allowed: tuple[str, ...] = FLOAT_DTYPES) -> str:
+    """The canonical name of a torch dtype or a dtype string, if it is in ``allowed``.
+
+    >>> dtype_name("bf16")
+    'bfloat16'
+    >>> dtype_name("int8")
+    Traceback (most recent call last):
+    ...
+    ValueError: dtype: unsupported dtype 'int8'; expected one of float32, float16, bfloat16
+    """
+    if isinstance(dtype, str):
+        text = _ALIASES.get(dtype, dtype)
+    else:
+        text = str(dtype).removeprefix("torch.")
+    if text in allowed:
+        return text
+    raise ValueError(f"{name}: unsupported dtype {dtype!r}; expected one of "
+                     f"{', '.join(allowed)}")
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype called ``name`` (``"bfloat16"`` -> ``torch.bfloat16``)."""
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype: {name!r} is not a torch dtype")
+    return dtype
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of the dtype called ``name``, without importing torch.
+
+    >>> itemsize("bfloat16"), itemsize("float32")
+    (2, 4)
+    """
+    if name.startswith("float8"):
+        return 1
+    return {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int64": 8}[name]

@@ -1,0 +1,21 @@
+"""Split-KV paged decode attention for GQA/MHA and absorbed MLA (op ``decode_attention``).
+
+Layout: ``q [B, Hq, Dk]``, caches ``[num_blocks, page_size, Hk, D]`` (vLLM flash layout,
+any strides with a contiguous last dim), ``block_table int32 [B, max_pages]``,
+``seq_lens int32 [B]`` (read only on the device). Absorbed MLA passes one latent cache of
+head dim 576 as ``k_cache`` and its view ``k_cache[..., :512]`` as ``v_cache``.
+
+Modules: ``kernels`` (the Triton kernels), ``launch`` (plan, launcher, cached path),
+``checks``, ``spec`` (key, config, heuristic, validity), ``tuning``, ``reference``,
+``torch_op``, ``api`` (the public function), ``op`` (the op declared here as ``OP``).
+"""
+
+from kdispatch.kernels.decode_attention.api import decode_attention
+from kdispatch.kernels.decode_attention.checks import check_decode_inputs, shares_latent
+from kdispatch.kernels.decode_attention.launch import launch_decode_attention
+from kdispatch.kernels.decode_attention.op import OP
+from kdispatch.kernels.decode_attention.reference import reference_decode_attention
+from kdispatch.kernels.decode_attention.spec import DecodeConfig, DecodeKey
+
+__all__ = ["OP", "DecodeConfig", "DecodeKey", "check_decode_inputs", "decode_attention",
+           "launch_decode_attention", "reference_decode_attention", "shares_latent"]

@@ -1,0 +1,354 @@
+"""Launching ``decode_attention``: the launch plan, the explicit-config launcher, the cached path.
+
+:func:`plan` is the constexpr mapping (config and shapes -> stage-1 kernel, grids,
+constexprs, workspace) and :func:`stage1_args` / :func:`reduce_args` the argument order;
+they are hashed into the op's source hash. :func:`decode_attention` is what the public
+function and the torch op call: the first call of a signature (shapes, strides, dtypes,
+devices, pointer alignment, whether v aliases k, the flags and the config) checks the
+inputs, resolves the config and launches through Triton's JIT; later calls of that
+signature allocate the output and one partials buffer and launch the compiled kernels
+directly (:mod:`kdispatch.launching`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from kdispatch import dispatcher as _dispatch
+from kdispatch.kernels._common import interpreting, supports_pdl, tensor_sig
+from kdispatch.kernels.decode_attention.checks import check_call, shares_latent
+from kdispatch.kernels.decode_attention.kernels import (
+    _decode_reduce,
+    _decode_stage1,
+    _decode_stage1_latent,
+)
+from kdispatch.launching import direct_launch_enabled, jit_launch, make_direct, raw_stream
+
+OP_NAME = "decode_attention"
+LOG2E = 1.4426950408889634
+#: splits merged per iteration of the reduce
+REDUCE_SPLIT_CHUNK = 8
+#: a shared latent at least this wide (and a power of two) runs ``_decode_stage1_latent``
+#: (two half-width tiles); measured on the H200 at DV 512 only (docs/decode_notes.md v3)
+SPLIT_LATENT_MIN_DV = 512
+_CACHE_LIMIT = 4096
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def reduce_shape(heads: int, dv: int) -> tuple[int, int]:
+    """``(BLOCK_DV, num_warps)`` of the reduce for ``heads`` q heads.
+
+    One warp over up to 128 columns; four warps over 512 columns from 64 heads on. From
+    the head count only, never the batch, so a request's merged bits do not depend on
+    what it is batched with. H200 (docs/decode_notes.md v6), against one 4-warp program
+    per 128 columns: deepseek TP8 b32 (8 splits) 3.7 vs 8.6 us, kimi b8 (33 splits) 4.1 vs
+    6.9, kimi b1 (132 splits) 7.8 vs 8.2, TP1 (128 heads) 7.6 vs 50 us.
+    """
+    block_dv = min(_p2(dv), 512 if heads >= 64 else 128)
+    return block_dv, max(1, block_dv // 128)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a launch of one config at one signature needs besides the tensors."""
+
+    latent: bool                 # stage 1 is _decode_stage1_latent (no V pointer)
+    grid: tuple[int, int, int]
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+    reduce_grid: tuple[int, int, int] | None
+    reduce_constexprs: dict[str, Any] | None
+    reduce_options: dict[str, Any] | None
+    out_shape: tuple[int, int, int]
+    partials_shape: tuple[int, int, int, int] | None  # (b, hq, splits, dv) fp32, or None
+    counters_shape: tuple[int, int] | None            # merge arrival counters, or None
+    log2e_scale: float                                # multiplies ``scale`` into qk_scale
+    capped: bool
+
+
+def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, shared: bool,
+         q_float32: bool, sliding: bool, capped: bool) -> Plan:
+    """Kernel choice, grids, constexprs and workspace of ``config`` at these shapes."""
+    group = hq // hk
+    block_h = int(config.block_h)
+    head_blocks = triton.cdiv(group, block_h)
+    splits = int(config.num_kv_splits)
+    block_d = max(16, _p2(dv))
+    dpe = dk - dv
+    direct = splits == 1
+    pdl = bool(config.pdl) and not direct
+    merge = bool(config.merge) and not direct
+    latent = shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV
+    splits_p2 = max(16, _p2(splits))
+    constexprs = dict(
+        GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d,
+        BLOCK_DPE=max(16, _p2(dpe)) if dpe > 0 else 0, BLOCK_N=int(config.block_n),
+        BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits, SLIDING=sliding,
+        LOGIT_CAP=capped, UPCAST=interpreting() and not q_float32, DIRECT=direct,
+        PREC="ieee" if q_float32 else "tf32", USE_PDL=pdl, MERGE=merge,
+        BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2)
+    if not latent:
+        constexprs["SHARED_KV"] = shared
+    reduce_grid = reduce_constexprs = reduce_options = None
+    if not direct and not merge:
+        block_dv, reduce_warps = reduce_shape(hq, dv)
+        reduce_grid = (hq, triton.cdiv(dv, block_dv), b)
+        reduce_constexprs = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
+                                 NUM_KV_SPLITS=splits, SPLITS_P2=splits_p2,
+                                 SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=sliding, USE_PDL=pdl)
+        reduce_options = {"num_warps": reduce_warps, "num_stages": 2}
+        if pdl:
+            reduce_options["launch_pdl"] = True
+    return Plan(
+        latent=latent, grid=(hk * head_blocks, splits, b), constexprs=constexprs,
+        options={"num_warps": int(config.num_warps), "num_stages": int(config.num_stages)},
+        reduce_grid=reduce_grid, reduce_constexprs=reduce_constexprs,
+        reduce_options=reduce_options, out_shape=(b, hq, dv),
+        partials_shape=None if direct else (b, hq, splits, dv),
+        counters_shape=(b, hk * head_blocks) if merge else None,
+        log2e_scale=1.0 if capped else LOG2E, capped=capped)
+
+
+def _partials_strides(p: Plan) -> tuple[int, ...]:
+    if p.partials_shape is None:
+        return (0, 0, 0, 0, 0)
+    _, hq, splits, dv = p.partials_shape
+    return (hq * splits * dv, splits * dv, dv, hq * splits, splits)
+
+
+def stage1_args(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+                window: int) -> tuple[int, ...]:
+    """Stage 1's integer runtime arguments after its pointers and two float scalars."""
+    kv = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    if not p.latent:
+        kv += (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    cnt_stride = p.counters_shape[1] if p.counters_shape is not None else 0
+    return (window, block_table.shape[1] * k_cache.shape[1], k_cache.shape[0],
+            q.stride(0), q.stride(1), *kv,
+            block_table.stride(0), block_table.stride(1), seq_lens.stride(0),
+            out.stride(0), out.stride(1), *_partials_strides(p), cnt_stride)
+
+
+def reduce_args(p: Plan, k_cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, out: torch.Tensor, window: int) -> tuple[int, ...]:
+    """The reduce's integer runtime arguments after its four pointers."""
+    return (window, block_table.shape[1] * k_cache.shape[1], seq_lens.stride(0),
+            *_partials_strides(p), out.stride(0), out.stride(1))
+
+
+def _partials_layout(p: Plan) -> tuple[int, int]:
+    """(elements of the partial outputs padded to 16, total fp32 elements) of one buffer
+    that holds the partial outputs and then their lse (kept 64-byte aligned)."""
+    b, hq, splits, dv = p.partials_shape  # type: ignore[misc]
+    n_po_pad = -(-(b * hq * splits * dv) // 16) * 16
+    return n_po_pad, n_po_pad + b * hq * splits
+
+
+def _workspace(p: Plan, q: torch.Tensor) -> tuple[Any, Any, Any]:
+    """(partials, lse, counters) tensors; None where the plan has none."""
+    if p.partials_shape is None:
+        return None, None, None
+    b, hq, splits, dv = p.partials_shape
+    n_po_pad, total = _partials_layout(p)
+    buf = q.new_empty(total, dtype=torch.float32)
+    po = buf[:b * hq * splits * dv].view(b, hq, splits, dv)
+    pl = buf[n_po_pad:].view(b, hq, splits)
+    cnt = (q.new_zeros(p.counters_shape, dtype=torch.int32)
+           if p.counters_shape is not None else None)
+    return po, pl, cnt
+
+
+def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+                scale: float, logit_cap: float, window: int) -> tuple[Any, Any]:
+    """Run the plan through Triton's JIT; returns (stage-1, reduce) compiled kernels."""
+    po, pl, cnt = _workspace(p, q)
+    po_arg = po if po is not None else out
+    pl_arg = pl if pl is not None else out
+    cnt_arg = cnt if cnt is not None else pl_arg
+    kv = (k_cache,) if p.latent else (k_cache, v_cache)
+    args = (q, *kv, block_table, seq_lens, out, po_arg, pl_arg, cnt_arg,
+            float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
+            *stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, out, window))
+    kernel = _decode_stage1_latent if p.latent else _decode_stage1
+    with torch.cuda.device(q.device) if q.is_cuda else _NoDevice():
+        first = jit_launch(kernel, p.grid, args, p.constexprs, p.options)
+        second = None
+        if p.reduce_grid is not None:
+            rargs = (seq_lens, po, pl, out,
+                     *reduce_args(p, k_cache, block_table, seq_lens, out, window))
+            second = jit_launch(_decode_reduce, p.reduce_grid, rargs, p.reduce_constexprs,
+                                p.reduce_options)
+    return first, second
+
+
+class _NoDevice:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, sliding_window: Any, logit_cap: float) -> Plan:
+    split = config.num_kv_splits > 1
+    if split and bool(config.pdl) and bool(config.merge):
+        raise ValueError("config: pdl and merge exclude each other (merge launches no reduce)")
+    if split and bool(config.pdl) and not supports_pdl(q.device):
+        raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 or "
+                         f"newer; {q.device} has none")
+    b, hq, dk = q.shape
+    _, page, hk, _ = k_cache.shape
+    return plan(config, b, hq, dk, page, hk, v_cache.shape[3], shares_latent(k_cache, v_cache),
+                q.dtype == torch.float32, sliding_window is not None, logit_cap > 0)
+
+
+def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, block_table: torch.Tensor,
+                            seq_lens: torch.Tensor, *, scale: float,
+                            out: torch.Tensor | None = None,
+                            sliding_window: int | None = None,
+                            logit_cap: float = 0.0) -> torch.Tensor:
+    """Run decode attention with an explicit config (no dispatch, no caching).
+
+    Parameters are those of :func:`kdispatch.decode_attention`; ``config`` is a
+    ``DecodeConfig`` (``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``,
+    ``num_stages``, ``pdl``, ``merge``).
+    """
+    check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
+               logit_cap)
+    p = _checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap)
+    if out is None:
+        out = q.new_empty(p.out_shape)
+    _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
+                int(sliding_window or 0))
+    return out
+
+
+class _Entry:
+    """One checked call signature: its config and plan, and its direct launches."""
+
+    __slots__ = ("config", "resolved", "dispatcher", "plan", "window", "stage1", "reduce",
+                 "tail1", "tail2", "device")
+
+    def __init__(self, **kw: Any):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+_CACHE: dict[Any, _Entry] = {}
+
+
+def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any,
+                     scale: float, out: Any = None, sliding_window: Any = None,
+                     logit_cap: float = 0.0, batch_invariant: bool = False,
+                     config: Any = None) -> Any:
+    """The cached path of the public :func:`kdispatch.decode_attention`."""
+    try:
+        qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
+        bp, sp = block_table.data_ptr(), seq_lens.data_ptr()
+        dev = q.get_device()
+        sig = (q.shape, q.stride(), q.dtype, dev, k_cache.shape, k_cache.stride(),
+               k_cache.dtype, k_cache.get_device(), v_cache.shape, v_cache.stride(),
+               v_cache.dtype, v_cache.get_device(), block_table.shape, block_table.stride(),
+               block_table.dtype, block_table.get_device(), seq_lens.shape, seq_lens.stride(),
+               seq_lens.dtype, seq_lens.get_device(), qp & 15, kp & 15, vp & 15, bp & 15,
+               sp & 15, vp == kp, tensor_sig(out), sliding_window, logit_cap > 0,
+               batch_invariant, None if config is None else id(config))
+        e = _CACHE.get(sig)
+        scalars_ok = (isinstance(scale, float | int) and math.isfinite(scale)
+                      and isinstance(logit_cap, float | int) and 0.0 <= logit_cap < math.inf)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument
+        e, sig, scalars_ok = None, None, False
+    if (e is None or not scalars_ok or e.dispatcher is not _dispatch._DISPATCHER
+            or (config is not None and e.config is not config)):
+        return _first_call(sig, q, k_cache, v_cache, block_table, seq_lens, scale, out,
+                           sliding_window, logit_cap, batch_invariant, config)
+    if e.resolved is not None:
+        e.resolved.calls += 1
+    p = e.plan
+    o = q.new_empty(p.out_shape) if out is None else out
+    if e.stage1 is None or _hooks() or torch._C._cuda_getDevice() != dev:
+        _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale, logit_cap,
+                    e.window)
+        return o
+    stream = raw_stream(dev)
+    op_ = o.data_ptr()
+    po = pl = cnt = op_
+    ws = counters = None
+    if p.partials_shape is not None:
+        ws = q.new_empty(e.tail2[0], dtype=torch.float32)
+        po = ws.data_ptr()
+        pl = cnt = po + e.tail2[1]
+        if p.counters_shape is not None:
+            counters = q.new_zeros(p.counters_shape, dtype=torch.int32)
+            cnt = counters.data_ptr()
+    qks = float(scale) * p.log2e_scale
+    cap = float(logit_cap) if p.capped else 1.0
+    if p.latent:
+        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, qks, cap, *e.tail1)
+    else:
+        e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, qks, cap, *e.tail1)
+    if e.reduce is not None:
+        e.reduce(stream, sp, po, pl, op_, *e.tail2[2:])
+    del ws, counters  # the caching allocator orders their reuse after these launches
+    return o
+
+
+def _hooks() -> bool:
+    from triton import knobs
+
+    rt = knobs.runtime
+    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+
+
+def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
+                seq_lens: Any, scale: Any, out: Any, sliding_window: Any, logit_cap: Any,
+                batch_invariant: Any, config: Any) -> torch.Tensor:
+    check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
+               logit_cap)
+    d = _dispatch.dispatcher()
+    args = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
+            "seq_lens": seq_lens, "sliding_window": sliding_window,
+            "batch_invariant": batch_invariant}
+    cfg, resolved = d.resolve_entry(OP_NAME, args, config)
+    p = _checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap)
+    o = q.new_empty(p.out_shape) if out is None else out
+    window = int(sliding_window or 0)
+    first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,
+                                logit_cap, window)
+    if sig is None:
+        return o
+    tail1 = stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, o, window)
+    ws_numel = pl_offset = 0
+    if p.partials_shape is not None:
+        n_po_pad, ws_numel = _partials_layout(p)
+        pl_offset = n_po_pad * 4
+    stage1 = reduce = None
+    if direct_launch_enabled() and q.is_cuda:
+        kernel = _decode_stage1_latent if p.latent else _decode_stage1
+        n_ptr = 8 if p.latent else 9
+        stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
+        if p.reduce_grid is not None and stage1 is not None:
+            n2 = 4 + len(reduce_args(p, k_cache, block_table, seq_lens, o, window))
+            reduce = make_direct(_decode_reduce, second, p.reduce_grid, n2)
+            if reduce is None:
+                stage1 = None
+    if len(_CACHE) >= _CACHE_LIMIT:
+        _CACHE.clear()
+    _CACHE[sig] = _Entry(config=cfg, resolved=resolved, dispatcher=d, plan=p, window=window,
+                         stage1=stage1, reduce=reduce, tail1=tail1,
+                         tail2=(ws_numel, pl_offset, *reduce_args(p, k_cache, block_table, seq_lens, o,
+                                                        window)),
+                         device=q.get_device())
+    return o

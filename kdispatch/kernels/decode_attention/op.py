@@ -1,0 +1,100 @@
+"""The ``decode_attention`` op: split-KV paged decode attention (serving face)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kdispatch.buckets import half_pow2_bucket, pow2_bucket
+from kdispatch.dtypes import dtype_name
+from kdispatch.kernels.decode_attention import spec
+from kdispatch.kernels.decode_attention.checks import check_decode_inputs
+from kdispatch.kernels.decode_attention.kernels import (
+    _decode_reduce,
+    _decode_stage1,
+    _decode_stage1_latent,
+)
+from kdispatch.kernels.decode_attention.launch import (
+    launch_decode_attention,
+    plan,
+    reduce_args,
+    stage1_args,
+)
+from kdispatch.kernels.decode_attention.tuning import DecodeTuning
+from kdispatch.opdef import Op, OpKey
+
+
+class DecodeOp(Op):
+    """Split-KV paged decode attention, GQA/MHA and absorbed MLA
+    (see :func:`kdispatch.decode_attention`)."""
+
+    name = "decode_attention"
+    key_model = spec.DecodeKey
+    config_model = spec.DecodeConfig
+    args_model = spec.DecodeArgs
+    kernels = (_decode_stage1, _decode_stage1_latent, _decode_reduce)
+    launch_code = (plan, stage1_args, reduce_args)
+    table_dirs: tuple[str | Path, ...] = ()
+    tuning = DecodeTuning()
+
+    def memo_key(self, args: Mapping[str, Any]) -> Hashable:
+        q = args.get("q")
+        if q is not None:
+            try:
+                k = args["k_cache"]
+                return (q.shape, q.dtype, q.get_device(), k.shape, k.dtype,
+                        args["v_cache"].shape, args["block_table"].shape,
+                        args.get("sliding_window"), args.get("batch_invariant", False))
+            except (AttributeError, KeyError):  # not tensors: key() names the argument
+                return ("invalid", id(args))
+        return tuple(args.items())
+
+    def device_of(self, args: Mapping[str, Any]) -> Any:
+        q = args.get("q")
+        if isinstance(q, torch.Tensor):
+            return q.device
+        return args.get("device")
+
+    def key(self, device: Any, args: Mapping[str, Any]) -> spec.DecodeKey:
+        window = args.get("sliding_window")
+        invariant = bool(args.get("batch_invariant", False))
+        q = args.get("q")
+        if q is not None:
+            check_decode_inputs(q, args.get("k_cache"), args.get("v_cache"),
+                                args.get("block_table"), args.get("seq_lens"))
+            k, v, bt = args["k_cache"], args["v_cache"], args["block_table"]
+            fields = dict(dtype=dtype_name(q.dtype, "q"), kv_dtype=dtype_name(k.dtype, "k_cache"),
+                          num_q_heads=q.shape[1], num_kv_heads=k.shape[2],
+                          head_dim=q.shape[2], head_dim_v=v.shape[3], page_size=k.shape[1],
+                          batch=q.shape[0], context=bt.shape[1] * k.shape[1])
+        else:
+            args = self.plain_args(args)
+            fields = dict(dtype=args["dtype"], kv_dtype=args["kv_dtype"] or args["dtype"],
+                          num_q_heads=args["num_q_heads"], num_kv_heads=args["num_kv_heads"],
+                          head_dim=args["head_dim"],
+                          head_dim_v=args["head_dim_v"] or args["head_dim"],
+                          page_size=args["page_size"], batch=args["batch"],
+                          context=args["context"])
+        if window is not None:
+            if isinstance(window, bool) or int(window) < 1:
+                raise ValueError(f"sliding_window: must be None or an int >= 1, got {window!r}")
+            fields["context"] = min(fields["context"], int(window))
+        fields["context"] = half_pow2_bucket(fields["context"], floor=16)
+        fields["batch"] = 1 if invariant else pow2_bucket(fields["batch"])
+        return spec.DecodeKey(**OpKey.device_fields(device), **fields,
+                              sliding=window is not None, batch_invariant=invariant)
+
+    def heuristic(self, key: Any) -> spec.DecodeConfig:
+        return spec.heuristic(key)
+
+    def is_valid(self, key: Any, config: Any) -> bool:
+        return spec.is_valid(key, config)
+
+    def launch(self, config: Any, **call_args: Any) -> Any:
+        return launch_decode_attention(config, **call_args)
+
+
+OP = DecodeOp()

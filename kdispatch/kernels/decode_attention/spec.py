@@ -1,0 +1,264 @@
+"""Key, config, plain-form arguments, heuristic and validity of ``decode_attention``.
+
+The key is built from shapes, dtypes and the device only. The context field is the
+*capacity* ``block_table.shape[1] * page_size`` (or the sliding window when smaller),
+bucketed with :func:`~kdispatch.buckets.half_pow2_bucket`; ``seq_lens`` values are never
+read, so a config resolved at CUDA-graph capture holds at every replay.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from kdispatch.dtypes import DType, itemsize
+from kdispatch.kernels._common import pdl_capable
+from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
+
+MAX_SPLITS = 256
+#: partials (fp32 out + lse) may take at most this many bytes at the key's batch bucket
+WORKSPACE_BUDGET = 512 << 20
+#: batch_invariant keys pin batch to 1; their workspace is budgeted for this many rows
+INVARIANT_NOMINAL_BATCH = 64
+MAX_CANDIDATES = 60
+
+# (limit, value) ladders; the first row whose limit is >= the argument applies.
+#: programs (batch x head blocks) at one split -> whether to split at all (1 = no split).
+#: Split-KV pays only below a few waves; BENCHMARKING.md: GQA batch 64 x 8k (512 programs,
+#: ~3.9 waves of 132 SMs) is ~91% of the read ceiling with or without splits.
+SPLIT_OFF_WAVES = 2.0
+#: GQA/MHA split count: the one whose programs come nearest PROGRAMS_PER_SM x SMs. H200
+#: sweep (bench/results/nvidia-h200/session4/decode_sweep.json, 64-token tile, 3 stages):
+#: b4 x 262k at 8 splits (256 programs) 99.0% of the read ceiling vs 84.5% at 9 (288);
+#: b8 x 32k at 4 splits (256) 92.9% vs 83.9% at 5 (320); b1 x 8k at 16-33 splits 40-41%.
+GQA_PROGRAMS_PER_SM = 2
+#: minimum BLOCK_N tiles per split, by context bucket: a split's fixed cost is about one
+#: to two tiles (q load, partial store, reduce read), so <4 tiles wastes most of it.
+MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
+    (4096, 2),        # short contexts: latency dominates, split finely to fill the device
+    (1 << 30, 4),     # long contexts: at least 4 tiles amortize the per-split cost
+)
+#: Absorbed MLA (latent keys) fills whole waves of resident programs instead: programs
+#: = floor(slots / base) * base, slots = SMs x resident programs per SM (2 for the 32-token
+#: 12-16-head tile, 1 for 64-head blocks). H200 v3 (docs/decode_notes.md): deepseek TP8
+#: b32 x 16k at 8 splits (256 programs) 171 us vs 235 us at ceil's 9 (288: a 24-program
+#: tail wave); TP1 128 heads best at 2 splits (128 programs at 1 per SM).
+LATENT_PROGRAMS_PER_SM = 2
+LATENT_PROGRAMS_PER_SM_WIDE = 1
+#: minimum tiles per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles)
+#: 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3
+LATENT_MIN_TILES_PER_SPLIT = 16
+#: BLOCK_N by padded q/k head dim. H200 session-4 sweep: GQA D=128 at 64 tokens with a
+#: 3-deep pipeline beats 128 tokens at 2 stages at every split count's best (b4 x 262k:
+#: 99.0% vs 97.6%; b8 x 32k: 92.9% vs 91.0%; b1 x 8k: 41.1% vs 37.6%); (at 2 stages 128
+#: tokens had won, docs/decode_notes.md v1). The 576-wide MLA tile is fastest at 32 tokens
+#: (kimi b8 x 327,600: 951 vs 1366 us at 64).
+BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((256, 64), (1 << 20, 32))
+#: BLOCK_N for wide MLA head blocks (block_h >= 64): 128 heads at 64 tokens beat 32
+#: (H200 v1: 848 vs 1174 us at batch 32 x 16k).
+BLOCK_N_WIDE_HEADS = 64
+#: latent (MLA) grids of at most this many splits merge in the last stage-1 program instead
+#: of a reduce kernel. The merge is serial in the splits. H200 session 6, with the faster
+#: reduce launch (bench/results/nvidia-h200/session6/, merge vs its reduce-kernel twin):
+#: TP1 128 heads at 2 splits 572.8 vs 614.5 us; at 8 splits the reduce kernel now wins at
+#: b32 x 16k (159.1 vs 164.0 us; session 5, with the slower reduce, merged up to 8), while
+#: b32 x 327,600 went either way between calls (2,985 vs 2,786; 3,098 vs 3,152). 33 and
+#: more splits lose badly (kimi b1 x 65,536: 165 vs 39 us). GQA grids lost 1-3% with it at
+#: 2-8 splits and keep the reduce kernel.
+MERGE_MAX_SPLITS_LATENT = 4
+SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
+ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
+
+
+def p2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class DecodeKey(OpKey):
+    """Dispatch key of ``decode_attention`` (device fields + shapes, bucketed)."""
+
+    dtype: DType
+    kv_dtype: DType
+    num_q_heads: int = Field(ge=1, le=4096)
+    num_kv_heads: int = Field(ge=1, le=4096)
+    head_dim: int = Field(ge=1, le=1024)
+    head_dim_v: int = Field(ge=1, le=1024)
+    page_size: int = Field(ge=1, le=4096)
+    batch: int = Field(ge=1, le=1 << 20)
+    context: int = Field(ge=1, le=1 << 30)
+    sliding: bool = False
+    batch_invariant: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> DecodeKey:
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if self.head_dim_v > self.head_dim:
+            raise ValueError(f"head_dim_v {self.head_dim_v} > head_dim {self.head_dim}")
+        if self.batch_invariant and self.batch != 1:
+            raise ValueError("batch must be 1 when batch_invariant (the split count may not "
+                             "depend on the batch)")
+        return self
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def latent(self) -> bool:
+        """Absorbed-MLA shape: one kv head whose V is the first head_dim_v K columns."""
+        return self.num_kv_heads == 1 and self.head_dim_v < self.head_dim
+
+
+class DecodeArgs(PlainArgs):
+    """Plain-form arguments of ``decode_attention`` (``resolve(op, device=..., ...)``)."""
+
+    batch: int = Field(ge=1, le=1 << 20, description="Decode batch size.")
+    context: int = Field(ge=1, le=1 << 30,
+                         description="Context capacity (tokens) per request: block-table "
+                                     "width x page size.")
+    num_q_heads: int = Field(ge=1, le=4096, description="Query heads.")
+    num_kv_heads: int = Field(ge=1, le=4096, description="KV heads (1 for MLA).")
+    head_dim: int = Field(ge=1, le=1024, description="Q/K head dim (576 for MLA).")
+    head_dim_v: int | None = Field(default=None, ge=1, le=1024,
+                                   description="V head dim (512 for MLA) [default: head dim].")
+    page_size: int = Field(default=16, ge=1, le=4096, description="KV page size.")
+    dtype: DType = Field(default="bfloat16", description="Query dtype.")
+    kv_dtype: DType | None = Field(default=None, description="Cache dtype [default: dtype].")
+    sliding_window: int | None = Field(default=None, ge=1,
+                                       description="Attend to the last N tokens only.")
+    batch_invariant: bool = Field(default=False,
+                                  description="Split count independent of the batch size.")
+
+
+class DecodeConfig(OpConfig):
+    """Launch config of ``decode_attention`` (all fields become constexprs / grid)."""
+
+    num_kv_splits: int = Field(default=1, ge=1, le=MAX_SPLITS)
+    block_n: int = 64
+    block_h: int = 16
+    num_warps: int = 4
+    num_stages: int = Field(default=2, ge=1, le=5)
+    #: launch the reduce as a programmatic dependent launch (NVIDIA sm_90+, splits > 1)
+    pdl: bool = False
+    #: no reduce kernel: the last stage-1 program of a request merges the splits (splits > 1)
+    merge: bool = False
+
+    @field_validator("block_n")
+    @classmethod
+    def _block_n(cls, v: int) -> int:
+        return check_pow2("block_n", v, 16, 256)
+
+    @field_validator("block_h")
+    @classmethod
+    def _block_h(cls, v: int) -> int:
+        return check_pow2("block_h", v, 16, 128)
+
+
+def workspace_bytes(key: DecodeKey, splits: int) -> int:
+    if splits == 1:
+        return 0
+    rows = INVARIANT_NOMINAL_BATCH if key.batch_invariant else key.batch
+    return rows * key.num_q_heads * splits * (key.head_dim_v + 1) * 4
+
+
+def max_splits_for_budget(key: DecodeKey) -> int:
+    rows = INVARIANT_NOMINAL_BATCH if key.batch_invariant else key.batch
+    per_split = rows * key.num_q_heads * (key.head_dim_v + 1) * 4
+    return max(1, min(MAX_SPLITS, WORKSPACE_BUDGET // per_split))
+
+
+def smem_bytes(key: DecodeKey, cfg: DecodeConfig) -> int:
+    esize = itemsize(key.kv_dtype)
+    dv = max(16, p2(key.head_dim_v))
+    dpe = key.head_dim - key.head_dim_v
+    dpe = max(16, p2(dpe)) if dpe else 0
+    cols = dv + dpe + (0 if key.latent else dv)
+    return max(1, cfg.num_stages - 1) * cfg.block_n * cols * esize + \
+        cfg.block_h * (dv + dpe) * itemsize(key.dtype)
+
+
+def default_block_h(key: DecodeKey) -> int:
+    g = key.group
+    if g <= 16:
+        return 16
+    return min(64, p2(g))  # aiter bh64-style regime for wide MLA (128 heads: 2 blocks)
+
+
+def merges(key: DecodeKey, splits: int) -> bool:
+    """Whether a grid of ``splits`` merges in its last stage-1 program (no reduce kernel).
+
+    NVIDIA only, where it was measured; elsewhere the merge stays a tuning candidate (the
+    tuner verifies it before timing it) until a device of that vendor has measured it.
+    """
+    return key.vendor == "nvidia" and key.latent and 1 < splits <= MERGE_MAX_SPLITS_LATENT
+
+
+def split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
+    batch = key.batch  # 1 for batch_invariant keys: the count depends on shapes only
+    base = batch * key.num_kv_heads * cdiv(key.group, block_h)
+    if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
+        return 1
+    if key.latent:
+        per_sm = LATENT_PROGRAMS_PER_SM_WIDE if block_h >= 64 else LATENT_PROGRAMS_PER_SM
+        splits = max(1, per_sm * key.cu_count // base)
+        min_tokens = LATENT_MIN_TILES_PER_SPLIT * block_n
+    else:
+        splits = max(1, round(GQA_PROGRAMS_PER_SM * key.cu_count / base))
+        min_tokens = ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
+    splits = min(splits, max(1, key.context // min_tokens), max_splits_for_budget(key))
+    return max(1, splits)
+
+
+
+
+def heuristic(key: DecodeKey) -> DecodeConfig:
+    block_h = default_block_h(key)
+    block_n = ladder(BLOCK_N_BY_DIM, p2(key.head_dim))
+    if block_h >= 64:
+        block_n = BLOCK_N_WIDE_HEADS
+    warps = 8 if block_h >= 64 else 4
+    splits = split_count(key, block_h, block_n)
+    # H200: a 3-deep pipeline for the 32-token MLA tile (v2: kimi b8 x 327,600: 830 vs
+    # 993 us) and for the 64-token GQA tile of a split grid of ~2 programs per SM
+    # (session 4: b8 x 32k 92.9% vs 70.4% at 2 stages); an unsplit GQA grid is several
+    # waves deep and wants the smaller footprint of 2 stages (session 4 tuning, b64:
+    # 98-100% vs 79-81% at 3 stages; huginn b8: 76% vs 62%)
+    if key.latent:
+        stages = 3 if block_n <= 32 and block_h < 64 else 2
+    else:
+        stages = 3 if splits > 1 else 2
+    # pdl stays off: launching the reduce early measured -3..+3% on most H200 shapes and
+    # 9-15% slower at MLA batch 1 with 128-256 splits (session 4d, decode-pdl.json)
+    cfg = DecodeConfig(num_kv_splits=splits, block_n=block_n, block_h=block_h,
+                       num_warps=warps, num_stages=stages, merge=merges(key, splits))
+    while not is_valid(key, cfg) and cfg.block_n > 16:
+        cfg = cfg.model_copy(update={"block_n": cfg.block_n // 2})
+    return cfg
+
+
+def baseline(key: DecodeKey) -> DecodeConfig:
+    """The heuristic's tile at split count 1 (what the benchmarks call the baseline)."""
+    return heuristic(key).model_copy(update={"num_kv_splits": 1, "pdl": False, "merge": False})
+
+
+def is_valid(key: DecodeKey, config: DecodeConfig) -> bool:
+    if config.block_h > max(16, p2(key.group)):
+        return False
+    if config.pdl and (config.num_kv_splits == 1 or not pdl_capable(key)):
+        return False  # no reduce to launch early / no griddepcontrol on the device
+    if config.merge and (config.num_kv_splits == 1 or config.pdl):
+        return False  # nothing to merge / no reduce kernel to launch early
+    if workspace_bytes(key, config.num_kv_splits) > WORKSPACE_BUDGET:
+        return False
+    if key.vendor != "triton":  # GPU resource limits (the interpreter has none)
+        if smem_bytes(key, config) > SMEM_LIMIT:
+            return False
+        acc = config.block_h * max(16, p2(key.head_dim_v)) / (config.num_warps * 32)
+        if acc > ACC_REGS_LIMIT:
+            return False
+    return True

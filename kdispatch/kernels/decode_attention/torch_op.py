@@ -1,0 +1,56 @@
+"""``torch.ops.kdispatch.decode_attention`` (functional) and ``decode_attention_out``
+(writes a given output), with fake implementations for torch.compile."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from kdispatch.kernels.decode_attention.launch import decode_attention as _decode
+from kdispatch.kernels.decode_attention.spec import DecodeConfig
+from kdispatch.torch_library import define
+
+_ARGS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+         "float scale, int? sliding_window=None, float logit_cap=0.0, "
+         "bool batch_invariant=False, str? config=None")
+SCHEMA = f"decode_attention({_ARGS}) -> Tensor"
+SCHEMA_OUT = f"decode_attention_out({_ARGS}, *, Tensor(a!) out) -> ()"
+
+
+@functools.lru_cache(maxsize=256)
+def parse_config(text: str) -> DecodeConfig:
+    """A config from its JSON (one object per distinct text, so cached launches match)."""
+    return DecodeConfig.model_validate_json(text)
+
+
+def _impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+          block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+          sliding_window: int | None = None, logit_cap: float = 0.0,
+          batch_invariant: bool = False, config: str | None = None) -> torch.Tensor:
+    return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, None, sliding_window,
+                   logit_cap, batch_invariant, None if config is None else parse_config(config))
+
+
+def _impl_out(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+              sliding_window: int | None = None, logit_cap: float = 0.0,
+              batch_invariant: bool = False, config: str | None = None, *,
+              out: torch.Tensor) -> None:
+    _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window, logit_cap,
+            batch_invariant, None if config is None else parse_config(config))
+
+
+def _fake(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, scale: Any,
+          sliding_window: Any = None, logit_cap: Any = 0.0, batch_invariant: Any = False,
+          config: Any = None) -> Any:
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+
+
+def _fake_out(*args: Any, out: Any, **kwargs: Any) -> None:
+    return None
+
+
+define("kdispatch", SCHEMA, _impl, _fake)
+define("kdispatch", SCHEMA_OUT, _impl_out, _fake_out)

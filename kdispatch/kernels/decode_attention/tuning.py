@@ -1,0 +1,140 @@
+"""The tuning face of ``decode_attention``: candidates, random inputs, reference, tolerance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kdispatch.dtypes import itemsize, torch_dtype
+from kdispatch.kernels.decode_attention import spec
+from kdispatch.kernels.decode_attention.launch import launch_decode_attention
+from kdispatch.kernels.decode_attention.reference import reference_decode_attention
+from kdispatch.kernels.decode_attention.spec import DecodeConfig
+from kdispatch.opdef import OpTuning
+
+
+class DecodeTuning(OpTuning):
+    ceiling = "read"
+
+    def candidates(self, key: Any) -> list[DecodeConfig]:
+        h = spec.heuristic(key)
+        base1 = key.batch * key.num_kv_heads * spec.cdiv(key.group, h.block_h)
+        splits = {1, h.num_kv_splits, max(1, h.num_kv_splits // 2), h.num_kv_splits * 2}
+        splits |= {spec.cdiv(w * key.cu_count, base1) for w in (1, 2, 4)}
+        splits |= {max(1, w * key.cu_count // base1) for w in (1, 2, 4)}  # whole waves
+        splits = {min(s, max(1, key.context // 16)) for s in splits}
+        cap = min(spec.MAX_SPLITS, spec.max_splits_for_budget(key))
+        splits = sorted(s for s in splits if s <= cap)
+        if key.latent or key.head_dim > 256:
+            tiles = [(32, 4, 2), (64, 8, 2), (32, 4, 3), (64, 4, 2), (32, 8, 2), (16, 4, 3)]
+        else:
+            tiles = [(128, 4, 2), (128, 8, 2), (64, 4, 3), (64, 4, 2), (128, 4, 3), (32, 4, 2)]
+        h_tile = (h.block_n, h.num_warps, h.num_stages)
+        tiles = [h_tile] + [t for t in tiles if t != h_tile]
+        heads = sorted({h.block_h} | {b for b in (16, 32, 64) if b <= spec.p2(key.group)})
+        # order: the heuristic, split-count variants at its tile, tile variants at its split
+        # count, then the rest; a truncated sweep (--max-cands) keeps the most telling ones
+        split_rank = {s: abs(i - splits.index(h.num_kv_splits)) if h.num_kv_splits in splits
+                      else i for i, s in enumerate(splits)}
+        out: list[tuple[tuple, DecodeConfig]] = []
+        seen = set()
+        for bh in heads:
+            for s in splits:
+                for ti, (bn, w, st) in enumerate(tiles):
+                    for warps in ((w, 8) if bh >= 64 else (w,)):
+                        cfg = DecodeConfig(num_kv_splits=s, block_n=bn, block_h=bh,
+                                           num_warps=warps, num_stages=st,
+                                           merge=spec.merges(key, s))
+                        if cfg in seen or not spec.is_valid(key, cfg):
+                            continue
+                        seen.add(cfg)
+                        sr = split_rank[s] if s != 1 else 99
+                        rank = (cfg != h, min(sr, ti) > 0, bh != h.block_h, sr + ti, ti)
+                        out.append((rank, cfg))
+        out.sort(key=lambda rc: rc[0])
+        chosen = [c for _, c in out[:spec.MAX_CANDIDATES]]
+        base = spec.baseline(key)
+        if base not in chosen and spec.is_valid(key, base):
+            chosen.insert(min(len(chosen), 6), base)
+        # the heuristic's tile with the other two ways to merge the splits (a reduce launched
+        # early; the last stage-1 program merging), right after the heuristic
+        for twin in (h.model_copy(update={"pdl": True, "merge": False}),
+                     h.model_copy(update={"pdl": False, "merge": not h.merge})):
+            if twin != h and twin not in chosen and spec.is_valid(key, twin):
+                chosen.insert(1, twin)
+        return chosen[:spec.MAX_CANDIDATES]
+
+    def make_inputs(self, key: Any, device: Any, seed: int) -> dict[str, Any]:
+        """Random inputs at the key's batch and context (capped on the CPU interpreter).
+
+        Pages are a random permutation and every request is at full capacity, so the
+        tuner's times and :meth:`bytes_moved` describe the same work (GB/s is exact);
+        ragged lengths are covered by the kernel tests. MLA keys get one latent cache
+        with ``v_cache = k_cache[..., :head_dim_v]``.
+        """
+        dev = torch.device(device)
+        # drawn on the device: a CPU draw of a multi-GB cache dominated the tuner's time
+        g = torch.Generator(device=dev).manual_seed(seed)
+        batch, context = key.batch, key.context
+        if dev.type == "cpu":  # the interpreter is slow: keep smoke inputs tiny
+            batch, context = min(batch, 2), min(context, 256)
+        page = key.page_size
+        pages = spec.cdiv(context, page)
+        cap = pages * page
+        if key.sliding:  # a window as large as the bucket, over a longer cache
+            window, pages, cap = context, pages * 2, cap * 2
+        else:
+            window = None
+        num_blocks = batch * pages + 3
+        qd, kd = torch_dtype(key.dtype), torch_dtype(key.kv_dtype)
+
+        def randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.randn(shape, generator=g, device=dev).to(dtype)
+
+        q = randn(batch, key.num_q_heads, key.head_dim, dtype=qd)
+        k_cache = randn(num_blocks, page, key.num_kv_heads, key.head_dim, dtype=kd)
+        if key.latent:
+            v_cache = k_cache[..., :key.head_dim_v]
+        else:
+            v_cache = randn(num_blocks, page, key.num_kv_heads, key.head_dim_v, dtype=kd)
+        perm = torch.randperm(num_blocks, generator=g, device=dev)[:batch * pages]
+        block_table = perm.view(batch, pages).to(torch.int32)
+        lens = torch.full((batch,), cap, dtype=torch.int32, device=dev)
+        return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
+                "seq_lens": lens, "scale": key.head_dim ** -0.5,
+                "sliding_window": window, "logit_cap": 0.0}
+
+    def run(self, config: Any, inputs: dict[str, Any]) -> Any:
+        return launch_decode_attention(config, **inputs)
+
+    def reference(self, inputs: dict[str, Any]) -> Any:
+        return reference_decode_attention(**inputs)
+
+    def tolerance(self, key: Any) -> tuple[float, float]:
+        # fp32: IEEE dots (input_precision="ieee"), only summation order differs: ~1e-6,
+        #   2e-4 leaves room for exp2 vs exp and long reductions.
+        # fp16: P is rounded to fp16 (2^-11) before the PV dot and the output is rounded
+        #   once more: ~1e-3 worst case on O(1) outputs.
+        # bf16: the same with an 8-bit mantissa (2^-8 per rounding): ~1e-2.
+        return {"float32": (2e-4, 2e-4), "float16": (5e-3, 5e-3),
+                "bfloat16": (2e-2, 2e-2)}[key.dtype]
+
+    def bytes_moved(self, key: Any) -> int:
+        kd = itemsize(key.kv_dtype)
+        qd = itemsize(key.dtype)
+        per_token = key.num_kv_heads * (key.head_dim if key.latent
+                                        else key.head_dim + key.head_dim_v)
+        kv = key.batch * key.context * per_token * kd
+        return kv + key.batch * key.num_q_heads * (key.head_dim + key.head_dim_v) * qd
+
+    def baseline(self, key: Any) -> DecodeConfig:
+        return spec.baseline(key)
+
+    def preset_args(self, model: Any) -> list[dict[str, Any]]:
+        """One decode key per (batch, context) pair of the model."""
+        return [{"batch": b, "context": c, "num_q_heads": model.num_q_heads,
+                 "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+                 "head_dim_v": model.head_dim_v or model.head_dim,
+                 "page_size": model.page_size, "dtype": model.dtype}
+                for b, c in model.decode]

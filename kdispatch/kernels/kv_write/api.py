@@ -1,0 +1,58 @@
+"""The public ``kdispatch.write_kv``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kdispatch.kernels.kv_write import launch
+from kdispatch.kernels.kv_write import torch_op as _torch_op  # noqa: F401 - registers the op
+from kdispatch.torch_library import config_json
+
+if TYPE_CHECKING:
+    from kdispatch.kernels.kv_write.spec import KVWriteConfig
+
+_compiling = torch.compiler.is_compiling
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+             row_mask: torch.Tensor | None = None, active_rows: torch.Tensor | None = None,
+             config: KVWriteConfig | dict[str, Any] | None = None) -> None:
+    """Scatter new K/V rows into a paged cache (the ``kv_write`` op), in place.
+
+    Parameters
+    ----------
+    key, value : Tensor ``[T, H, D]``
+        float32, float16 or bfloat16; any strides with a contiguous last dim (e.g. views
+        into one qkv projection).
+    key_cache, value_cache : Tensor ``[num_blocks, page_size, H, D]``
+        Same dtype and device as ``key``; K and V caches may have different strides.
+    slot_mapping : int32/int64 Tensor ``[T]``
+        ``block * page_size + offset``; a negative slot, or one past the cache, skips the
+        row (never written, never read).
+    row_mask : bool Tensor ``[T]``, optional
+        Rows with False are not written (read on device at run/replay time).
+    active_rows : int32 Tensor ``[1]``, optional
+        Only rows ``< active_rows[0]`` write (read on device at run/replay time).
+    config : KVWriteConfig or mapping, optional
+        Skip resolution and launch this config (it must be valid for the call's key).
+
+    Notes
+    -----
+    The config is resolved from shapes, dtypes and the device only, so the call can be
+    captured in a CUDA graph. Under ``torch.compile`` the call becomes the opaque
+    ``torch.ops.kdispatch.write_kv``, which declares that it mutates both caches.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, for a malformed input or an invalid config.
+    """
+    if _compiling():
+        torch.ops.kdispatch.write_kv(key, value, key_cache, value_cache, slot_mapping,
+                                     row_mask, active_rows, config_json(config))
+        return
+    launch.write_kv(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
+                    config)

@@ -1,0 +1,218 @@
+"""Launching ``kv_write``: the launch plan, the explicit-config launcher and the cached path.
+
+:func:`plan` is the constexpr mapping (config and shapes -> grid, constexprs, options) and
+:func:`runtime_args` the argument order; both are hashed into the op's source hash.
+:func:`write_kv` is what the public function and the torch op call: the first call of a
+signature (shapes, strides, dtypes, devices, pointer alignment, config) checks the inputs,
+resolves the config and launches through Triton's JIT; later calls of that signature
+launch the compiled kernel directly (:mod:`kdispatch.launching`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from kdispatch import dispatcher as _dispatch
+from kdispatch.kernels._common import supports_pdl, tensor_sig
+from kdispatch.kernels.kv_write.checks import check_inputs
+from kdispatch.kernels.kv_write.kernel import _kv_write_kernel
+from kdispatch.kernels.kv_write.spec import KVWriteConfig
+from kdispatch.launching import direct_launch_enabled, jit_launch, make_direct, raw_stream
+
+OP_NAME = "kv_write"
+_CACHE_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Plan:
+    grid: tuple[int, int]
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+
+
+def plan(config: KVWriteConfig, num_tokens: int, num_heads: int, head_dim: int,
+         page_size: int, has_mask: bool, has_active: bool) -> Plan:
+    """Grid, constexprs and launch options of the fused writer for ``config``."""
+    options: dict[str, Any] = {"num_warps": config.num_warps}
+    if config.pdl:
+        options["launch_pdl"] = True
+    return Plan(
+        grid=(triton.cdiv(num_tokens, config.block_t), triton.cdiv(num_heads, config.block_h)),
+        constexprs=dict(NUM_HEADS=num_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+                        BLOCK_T=config.block_t, BLOCK_H=config.block_h,
+                        BLOCK_D=triton.next_power_of_2(head_dim), HAS_MASK=has_mask,
+                        HAS_ACTIVE=has_active, USE_PDL=config.pdl),
+        options=options)
+
+
+def runtime_args(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 row_mask: torch.Tensor | None) -> tuple[int, ...]:
+    """The kernel's non-pointer runtime arguments, after its seven pointers."""
+    return (key.shape[0], key_cache.shape[0] * key_cache.shape[1],
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            slot_mapping.stride(0), row_mask.stride(0) if row_mask is not None else 0)
+
+
+def _indexed_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """The baseline: one torch indexed assignment for K and one for V (slots must be >= 0)."""
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        num_blocks, page_size, num_heads, head_dim = cache.shape
+        if page_size == 1 or cache.stride(0) == page_size * cache.stride(1):
+            cache.view(num_blocks * page_size, num_heads, head_dim)[slot_mapping] = src
+        else:  # blocks and offsets are not one mergeable dim: index them separately
+            cache[slot_mapping // page_size, slot_mapping % page_size] = src
+
+
+def _start(config: Any, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+           value_cache: torch.Tensor, slot_mapping: torch.Tensor, row_mask: Any,
+           active_rows: Any) -> tuple[Plan | None, Any]:
+    """Launch once through the JIT (or run the indexed baseline); (plan, compiled kernel)."""
+    num_tokens, num_heads, head_dim = key.shape
+    if config.variant == "indexed":
+        if row_mask is not None or active_rows is not None:
+            raise ValueError("config: the indexed variant cannot apply row_mask/active_rows "
+                             "without a host sync; use variant='fused'")
+        if num_tokens:
+            _indexed_write(key, value, key_cache, value_cache, slot_mapping)
+        return None, None
+    if config.pdl and not supports_pdl(key.device):
+        raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 or "
+                         f"newer; {key.device} has none")
+    if num_tokens == 0:
+        return None, None
+    p = plan(config, num_tokens, num_heads, head_dim, key_cache.shape[1],
+             row_mask is not None, active_rows is not None)
+    # unused pointers get a harmless stand-in; the constexpr flags keep them unread
+    mask_arg = row_mask.view(torch.uint8) if row_mask is not None else slot_mapping
+    active_arg = active_rows if active_rows is not None else slot_mapping
+    args = (key, value, key_cache, value_cache, slot_mapping, mask_arg, active_arg,
+            *runtime_args(key, value, key_cache, value_cache, slot_mapping, row_mask))
+    with torch.cuda.device(key.device) if key.is_cuda else _nullcontext():
+        compiled = jit_launch(_kv_write_kernel, p.grid, args, p.constexprs, p.options)
+    return p, compiled
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def launch_kv_write(config: KVWriteConfig, key: torch.Tensor, value: torch.Tensor,
+                    key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, row_mask: torch.Tensor | None = None,
+                    active_rows: torch.Tensor | None = None) -> None:
+    """Write ``key``/``value`` rows into the paged caches in place, with an explicit config.
+
+    Parameters
+    ----------
+    config : KVWriteConfig
+        ``variant="fused"`` (one Triton launch) or ``"indexed"`` (two torch indexed
+        assignments; no ``row_mask``/``active_rows``, and every slot must be >= 0).
+    key, value : Tensor ``[T, H, D]``
+        float32, float16 or bfloat16; any strides with a contiguous last dim.
+    key_cache, value_cache : Tensor ``[num_blocks, page_size, H, D]``
+        Same dtype and device as ``key``; contiguous last dim, otherwise any strides.
+    slot_mapping : int32 or int64 Tensor ``[T]``
+        ``block * page_size + offset``; a negative slot (or one past the cache) skips the
+        row. Written slots must be unique (which of two rows writing one slot wins is
+        unspecified).
+    row_mask : bool Tensor ``[T]``, optional
+        Rows with False are skipped.
+    active_rows : int32 Tensor with one element, optional
+        Only rows ``t < active_rows[0]`` are written.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, for a malformed input or a config that cannot serve it.
+    """
+    if not isinstance(config, KVWriteConfig):
+        raise ValueError(f"config: expected a KVWriteConfig, got {type(config).__name__}")
+    check_inputs(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows)
+    _start(config, key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows)
+
+
+class _Entry:
+    """One checked call signature: its config, where it came from, its direct launch."""
+
+    __slots__ = ("config", "resolved", "dispatcher", "direct", "plan", "tail", "device")
+
+    def __init__(self, config: Any, resolved: Any, dispatcher: Any, direct: Any,
+                 plan: Plan | None, tail: tuple[int, ...], device: int):
+        self.config, self.resolved, self.dispatcher = config, resolved, dispatcher
+        self.direct, self.plan, self.tail, self.device = direct, plan, tail, device
+
+
+_CACHE: dict[Any, _Entry] = {}
+
+
+def write_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
+             row_mask: Any = None, active_rows: Any = None, config: Any = None) -> None:
+    """The cached path of the public :func:`kdispatch.write_kv` (see its docstring)."""
+    try:
+        kp, vp = key.data_ptr(), value.data_ptr()
+        kcp, vcp, sp = key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr()
+        dev = key.get_device()
+        sig = (key.shape, key.stride(), key.dtype, dev, value.shape, value.stride(),
+               value.dtype, value.get_device(), key_cache.shape, key_cache.stride(),
+               key_cache.dtype, key_cache.get_device(), value_cache.shape, value_cache.stride(),
+               value_cache.dtype, value_cache.get_device(), slot_mapping.shape,
+               slot_mapping.stride(), slot_mapping.dtype, slot_mapping.get_device(),
+               kp & 15, vp & 15, kcp & 15, vcp & 15, sp & 15,
+               tensor_sig(row_mask), tensor_sig(active_rows),
+               None if config is None else id(config))
+        e = _CACHE.get(sig)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable config
+        e, sig = None, None
+    if (e is not None and e.dispatcher is _dispatch._DISPATCHER
+            and (config is None or e.config is config)):
+        if e.resolved is not None:
+            e.resolved.calls += 1
+        if e.direct is not None and not _hooks():
+            e.direct(raw_stream(dev), kp, vp, kcp, vcp, sp,
+                     sp if row_mask is None else row_mask.data_ptr(),
+                     sp if active_rows is None else active_rows.data_ptr(), *e.tail)
+        elif e.plan is not None or e.config.variant == "indexed":
+            _start(e.config, key, value, key_cache, value_cache, slot_mapping, row_mask,
+                   active_rows)
+        return
+    _first_call(sig, key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
+                config)
+
+
+def _hooks() -> bool:
+    from triton import knobs
+
+    rt = knobs.runtime
+    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+
+
+def _first_call(sig: Any, key: Any, value: Any, key_cache: Any, value_cache: Any,
+                slot_mapping: Any, row_mask: Any, active_rows: Any, config: Any) -> None:
+    check_inputs(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows)
+    d = _dispatch.dispatcher()
+    args = {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
+            "slot_mapping": slot_mapping, "row_mask": row_mask, "active_rows": active_rows}
+    cfg, resolved = d.resolve_entry(OP_NAME, args, config)
+    p, compiled = _start(cfg, key, value, key_cache, value_cache, slot_mapping, row_mask,
+                         active_rows)
+    if sig is None:
+        return
+    direct = None
+    if p is not None and direct_launch_enabled():
+        direct = make_direct(_kv_write_kernel, compiled, p.grid, 7 + 14)
+    if len(_CACHE) >= _CACHE_LIMIT:
+        _CACHE.clear()
+    tail = runtime_args(key, value, key_cache, value_cache, slot_mapping, row_mask)
+    _CACHE[sig] = _Entry(cfg, resolved, d, direct, p, tail, key.get_device())

@@ -1,0 +1,38 @@
+"""The fp32 torch reference of ``kv_write``: the op's correctness specification."""
+
+from __future__ import annotations
+
+import torch
+
+
+def reference_kv_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       row_mask: torch.Tensor | None = None,
+                       active_rows: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pools after the write, computed on fp32 copies.
+
+    Same arguments as :func:`~kdispatch.kernels.kv_write.launch.launch_kv_write`; nothing
+    passed in is modified. It reads device values (a specification, not a graph-safe path).
+
+    Returns
+    -------
+    (k_pool, v_pool) : float32 Tensors shaped like the caches
+    """
+    k_pool = key_cache.detach().to(torch.float32, copy=True)
+    v_pool = value_cache.detach().to(torch.float32, copy=True)
+    num_tokens = key.shape[0]
+    page_size = key_cache.shape[1]
+    slots = slot_mapping.to(torch.int64)
+    write = (slots >= 0) & (slots < key_cache.shape[0] * page_size)
+    if row_mask is not None:
+        write &= row_mask.to(torch.bool)
+    if active_rows is not None:
+        rows = torch.arange(num_tokens, device=slots.device)
+        write &= rows < active_rows.reshape(()).to(torch.int64)
+    rows = write.nonzero().flatten()
+    chosen = slots[rows]
+    blocks, offsets = chosen // page_size, chosen % page_size
+    k_pool[blocks, offsets] = key.detach()[rows].to(torch.float32)
+    v_pool[blocks, offsets] = value.detach()[rows].to(torch.float32)
+    return k_pool, v_pool

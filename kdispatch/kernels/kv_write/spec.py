@@ -1,0 +1,132 @@
+"""Key, config, plain-form arguments, heuristic and validity of ``kv_write``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import triton
+from pydantic import Field, field_validator
+
+from kdispatch.dtypes import DType
+from kdispatch.kernels._common import pdl_capable
+from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
+
+MAX_TOKENS_BUCKET = 65536
+Masking = Literal["none", "row_mask", "active_rows", "both"]
+Variant = Literal["indexed", "fused"]
+
+# Limits of a fused program's tile (elements per operand); above them registers spill.
+MAX_TILE = 16384
+MAX_ELEMS_PER_THREAD = 128
+BLOCK_H_MAX = 64
+BLOCK_T_MAX = 64
+
+# Tile elements per operand (heads x padded head dim) a fused program copies, by token
+# bucket. H200, 16x128 bf16, 96 graph-replayed writes (bench/results/nvidia-h200/
+# kv_write.json sweep): T=1 best at 512 (4 heads: 1.110 us/write vs 1.230 at 2048);
+# T=64 best at 2048 (16 heads: 2.156 vs 2.210 at 512); T=16384 within 1% for 1024-2048.
+TILE_BY_TOKENS: tuple[tuple[int, int], ...] = ((1, 512), (MAX_TOKENS_BUCKET, 2048))
+# Warps by tile elements per operand. Same sweep: 512-element tile best at 4 warps (1.110 vs
+# 1.143 us at 2, 1.151 at 1); 2048 best at 4 for T=64 (2.156 vs 2.231 at 2), and 8 vs 4
+# within 0.5% for the 16384-token write. Small tiles: no more warps than 16 B vectors.
+WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (2048, 4), (MAX_TILE, 8))
+# Rows per program: 1. Same sweep: 2 or 4 rows never beat 1 (T=64: 2.160 vs 2.156 us;
+# T=16384: 70.24 vs 69.46 us at 8 heads, 8 warps).
+BLOCK_T_DEFAULT = 1
+
+
+class KVWriteKey(OpKey):
+    """Dispatch key of ``kv_write``: device fields plus dtype, heads, dim, page, tokens, masking.
+
+    ``tokens`` is the bucketed row count (:func:`~kdispatch.buckets.pow2_bucket`, 1..65536);
+    ``masking`` says which of ``row_mask`` / ``active_rows`` the call passes.
+    """
+
+    dtype: DType
+    num_kv_heads: int = Field(ge=1, le=1024)
+    head_dim: int = Field(ge=1, le=1024)
+    page_size: int = Field(ge=1, le=4096)
+    tokens: int = Field(ge=1, le=MAX_TOKENS_BUCKET)
+    masking: Masking = "none"
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_bucket(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"tokens must be a power-of-two bucket, got {v}")
+        return v
+
+
+class KVWriteArgs(PlainArgs):
+    """Plain-form arguments of ``kv_write`` (``resolve("kv_write", device=..., ...)``)."""
+
+    tokens: int = Field(ge=1, le=1 << 30, description="Tokens written per call.")
+    num_kv_heads: int = Field(ge=1, le=1024, description="KV heads.")
+    head_dim: int = Field(ge=1, le=1024, description="Head dim.")
+    page_size: int = Field(default=16, ge=1, le=4096, description="KV page size.")
+    dtype: DType = Field(default="bfloat16", description="K/V and cache dtype.")
+    masking: Masking = Field(default="none",
+                             description="Which of row_mask / active_rows the call passes.")
+
+
+class KVWriteConfig(OpConfig):
+    """Launch config of ``kv_write``.
+
+    Attributes
+    ----------
+    variant : {"fused", "indexed"}
+        ``fused``: one Triton launch for K and V. ``indexed``: two torch indexed
+        assignments, the baseline the benchmarks compare with: it writes a negative slot
+        into the cache's last slot and cannot mask rows, so it is never served from a
+        table, a database row or an override (only an explicit launch runs it).
+    block_h : int
+        Heads per fused program (power of two, 1..64).
+    block_t : int
+        Token rows per fused program (power of two, 1..64).
+    num_warps : int
+        Warps per fused program.
+    pdl : bool
+        Launch the fused writer as a programmatic dependent launch (NVIDIA sm_90+ only).
+    """
+
+    variant: Variant = "fused"
+    block_h: int = 1
+    block_t: int = 1
+    pdl: bool = False
+
+    @field_validator("block_h")
+    @classmethod
+    def _block_h(cls, v: int) -> int:
+        return check_pow2("block_h", v, 1, BLOCK_H_MAX)
+
+    @field_validator("block_t")
+    @classmethod
+    def _block_t(cls, v: int) -> int:
+        return check_pow2("block_t", v, 1, BLOCK_T_MAX)
+
+
+def heuristic(key: KVWriteKey) -> KVWriteConfig:
+    block_d = triton.next_power_of_2(key.head_dim)
+    per_row = max(1, min(BLOCK_H_MAX, ladder(TILE_BY_TOKENS, key.tokens) // block_d))
+    block_h = min(per_row, triton.next_power_of_2(key.num_kv_heads))
+    tile = BLOCK_T_DEFAULT * block_h * block_d
+    # pdl: back-to-back writes (one per layer) overlap their launch latency
+    return KVWriteConfig(variant="fused", block_h=block_h, block_t=BLOCK_T_DEFAULT,
+                         num_warps=ladder(WARPS_BY_TILE, tile), pdl=pdl_capable(key))
+
+
+def is_valid(key: KVWriteKey, config: KVWriteConfig) -> bool:
+    if config.variant == "indexed":
+        # skipping rows by mask or active count would need a host sync: never allowed
+        return key.masking == "none" and not config.pdl
+    if config.pdl and not pdl_capable(key):
+        return False
+    if config.block_h > triton.next_power_of_2(key.num_kv_heads):
+        return False
+    if config.block_t > key.tokens:
+        return False
+    tile = config.block_t * config.block_h * triton.next_power_of_2(key.head_dim)
+    if tile > MAX_TILE or tile > MAX_ELEMS_PER_THREAD * 32 * config.num_warps:
+        return False
+    # more warps than the tile has 16-byte vectors only adds idle threads
+    return config.num_warps == 1 or tile >= 32 * config.num_warps * 4

@@ -1,0 +1,38 @@
+"""``torch.ops.kdispatch.write_kv``: the writer as a torch op that mutates the two caches."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from kdispatch.kernels.kv_write.launch import write_kv as _write_kv
+from kdispatch.kernels.kv_write.spec import KVWriteConfig
+from kdispatch.torch_library import define
+
+SCHEMA = ("write_kv(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+          "Tensor slot_mapping, Tensor? row_mask=None, Tensor? active_rows=None, "
+          "str? config=None) -> ()")
+
+
+@functools.lru_cache(maxsize=256)
+def parse_config(text: str) -> KVWriteConfig:
+    """A config from its JSON (one object per distinct text, so cached launches match)."""
+    return KVWriteConfig.model_validate_json(text)
+
+
+def _impl(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+          value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+          row_mask: torch.Tensor | None = None, active_rows: torch.Tensor | None = None,
+          config: str | None = None) -> None:
+    _write_kv(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
+              None if config is None else parse_config(config))
+
+
+def _fake(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
+          row_mask: Any = None, active_rows: Any = None, config: Any = None) -> None:
+    return None
+
+
+define("kdispatch", SCHEMA, _impl, _fake)

@@ -1,0 +1,94 @@
+"""The host path below a Triton JIT call: launch compiled kernels through their own launcher.
+
+A ``kernel[grid](*args, **constexprs)`` call binds its arguments, computes Triton's
+specialization key and looks the compiled kernel up on every call (about 8 us of a ~20 us
+launch on an H200's host). An op that has already checked a call's signature (shapes,
+strides, dtypes, devices, pointer alignment: everything Triton specializes on) keeps the
+:class:`DirectLaunch` it got from the first JIT call for that signature and launches it
+directly: pointers as integers, the grid precomputed, the constexprs compiled in.
+
+Only on a GPU: under the Triton interpreter every launch goes through the JIT call, and
+while a launch hook is installed (profilers) so do all launches, so the hooks see them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["DirectLaunch", "jit_launch", "raw_stream", "direct_launch_enabled"]
+
+
+def direct_launch_enabled() -> bool:
+    """False under the interpreter or when ``KDISPATCH_DIRECT_LAUNCH=0``."""
+    return (os.environ.get("TRITON_INTERPRET", "") != "1"
+            and os.environ.get("KDISPATCH_DIRECT_LAUNCH", "1") != "0")
+
+
+def _hooks_installed() -> bool:
+    from triton import knobs
+
+    rt = knobs.runtime
+    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+
+
+def raw_stream(device_index: int) -> int:
+    """The current CUDA stream of a device as an integer handle (what Triton launches on)."""
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def jit_launch(fn: Any, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any],
+               options: dict[str, Any]) -> Any:
+    """Launch through Triton's JIT (compiling on the first call); returns its compiled
+    kernel on a GPU, None under the interpreter."""
+    return fn[tuple(grid)](*args, **constexprs, **options)
+
+
+class DirectLaunch:
+    """A compiled kernel with its grid, launched through the compiled launcher.
+
+    Parameters
+    ----------
+    compiled : triton.compiler.CompiledKernel
+        What the first JIT call for this signature returned.
+    grid : sequence of int
+    n_params : int
+        The kernel's parameter count; launch values for the trailing constexpr parameters
+        (passed by keyword to the JIT call) are placeholders the launcher ignores.
+    n_args : int
+        Positional runtime arguments each launch passes.
+    """
+
+    __slots__ = ("compiled", "launcher", "function", "packed", "g0", "g1", "g2", "pad")
+
+    def __init__(self, compiled: Any, grid: Sequence[int], n_params: int, n_args: int):
+        self.compiled = compiled
+        self.launcher = compiled.run  # initializes the module and function handles
+        self.function = compiled.function
+        self.packed = compiled.packed_metadata
+        g = tuple(grid) + (1, 1)
+        self.g0, self.g1, self.g2 = int(g[0]), int(g[1]), int(g[2])
+        self.pad = (None,) * (n_params - n_args)
+
+    def __call__(self, stream: int, *args: Any) -> None:
+        self.launcher(self.g0, self.g1, self.g2, stream, self.function, self.packed, None,
+                      None, None, *args, *self.pad)
+
+
+def make_direct(fn: Any, compiled: Any, grid: Sequence[int], n_args: int
+                ) -> DirectLaunch | None:
+    """A :class:`DirectLaunch` of ``compiled`` when direct launches are possible, else None."""
+    if compiled is None or not direct_launch_enabled() or _hooks_installed():
+        return None
+    return DirectLaunch(compiled, grid, len(fn.params), n_args)
+
+
+def pointer_or_none(t: Any) -> int | None:
+    """A tensor's data pointer (an optional tensor may be None)."""
+    return None if t is None else t.data_ptr()
+
+
+LaunchFn = Callable[..., None]

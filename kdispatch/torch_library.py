@@ -1,0 +1,59 @@
+"""torch.library registration of dispatched ops: one cheap ``Library`` per namespace.
+
+Serving engines register their ops through ``torch.library.Library(...).impl`` rather than
+``torch.library.custom_op`` (whose Python wrapper costs more per call than a whole
+kernel launch): this module does the same for kdispatch's ops and for a package that
+defines its own. Each op gets a CPU and a CUDA implementation (CPU tensors run under the
+Triton interpreter) and a fake implementation, so ``torch.compile(fullgraph=True)`` and
+CUDA-graph trees treat the call as one opaque op whose mutations the schema declares.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_LIBS: dict[str, Any] = {}
+_DEFINED: set[str] = set()
+_lock = threading.Lock()
+
+
+def define(namespace: str, schema: str, impl: Callable[..., Any],
+           fake: Callable[..., Any]) -> None:
+    """Define ``namespace::<name>`` from ``schema`` with ``impl`` (CPU and CUDA) and ``fake``.
+
+    Idempotent per qualified name (a module imported twice does not redefine its op).
+
+    >>> import torch
+    >>> define("kdispatch_doc", "twice(Tensor x) -> Tensor", lambda x: x * 2,
+    ...        lambda x: torch.empty_like(x))
+    >>> torch.ops.kdispatch_doc.twice(torch.ones(2)).tolist()
+    [2.0, 2.0]
+    """
+    import torch
+
+    name = schema.split("(", 1)[0].strip()
+    qualname = f"{namespace}::{name}"
+    with _lock:
+        if qualname in _DEFINED:
+            return
+        lib = _LIBS.get(namespace)
+        if lib is None:
+            lib = _LIBS[namespace] = torch.library.Library(namespace, "FRAGMENT")
+        lib.define(schema)
+        lib.impl(name, impl, "CPU")
+        lib.impl(name, impl, "CUDA")
+        torch.library.register_fake(qualname, fake, lib=lib)
+        _DEFINED.add(qualname)
+
+
+def config_json(config: Any) -> str | None:
+    """An op config as the JSON string a torch op takes (``None`` stays ``None``)."""
+    if config is None:
+        return None
+    if hasattr(config, "model_dump_json"):
+        return config.model_dump_json()
+    import json
+
+    return json.dumps(dict(config), sort_keys=True)

@@ -1,0 +1,85 @@
+"""Tuning devices: the interpreter or a GPU, and the check that kernels match the mode."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from kdispatch.device import Device
+from kdispatch.opdef import Op
+
+
+class TuningError(RuntimeError):
+    """The sweep cannot run as asked (no such device, interpreter mode mixed up, ...)."""
+
+
+# -- devices -----------------------------------------------------------------------------------
+def _kernel_modules_loaded() -> list[str]:
+    return sorted(m for m in sys.modules
+                  if m.startswith("kdispatch.kernels.") and m != "kdispatch.kernels._common")
+
+
+def use_interpreter() -> None:
+    """Select the Triton interpreter for this process (``TRITON_INTERPRET=1``).
+
+    It must happen before any kernel module is imported (Triton decides at decoration).
+
+    Raises
+    ------
+    TuningError
+        When kernel modules were already imported in compiled mode.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    loaded = _kernel_modules_loaded()
+    if loaded:
+        raise TuningError(
+            "--device cpu needs the Triton interpreter, but kernel modules were already "
+            f"imported in compiled mode ({', '.join(loaded)}); set TRITON_INTERPRET=1 before "
+            "importing kdispatch kernels, or run the tuner in a fresh process")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def check_kernel_mode(op: Op, interpreter: bool) -> None:
+    """Raise TuningError if ``op``'s Triton kernels were built for the other mode."""
+    for fn in op.kernels:
+        kind = type(fn).__name__
+        if interpreter and kind == "JITFunction":
+            raise TuningError(f"{op.name}'s kernels were imported in compiled mode; --device "
+                              "cpu needs TRITON_INTERPRET=1 before the kernels are imported")
+        if not interpreter and kind == "InterpretedFunction":
+            raise TuningError(f"{op.name}'s kernels were imported under TRITON_INTERPRET=1; "
+                              "GPU tuning needs compiled kernels: unset TRITON_INTERPRET")
+
+
+def resolve_device(name: str) -> tuple[Device, Any]:
+    """The dispatch device and torch device for ``"cpu"``, ``"auto"`` or ``"cuda:N"``.
+
+    ``"cpu"`` selects the Triton interpreter (see :func:`use_interpreter`); its keys use the
+    interpreter device and never mix with a GPU's.
+    """
+    import torch
+
+    name = name.strip().lower()
+    if name in ("cpu", "interpreter", "cpu-interpreter"):
+        use_interpreter()
+        return Device.interpreter(), torch.device("cpu")
+    if name == "auto" or name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise TuningError(f"device {name!r}: no CUDA/HIP GPU is available here; use "
+                              "--device cpu to exercise the pipeline on the Triton interpreter")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise TuningError("TRITON_INTERPRET=1 is set: GPU tuning needs compiled kernels")
+        index = torch.cuda.current_device() if name in ("auto", "cuda") else None
+        if index is None:
+            try:
+                index = int(name.split(":", 1)[1])
+            except ValueError:
+                raise TuningError(f"device {name!r}: expected cuda:N") from None
+        if not 0 <= index < torch.cuda.device_count():
+            raise TuningError(f"device {name!r}: this host has {torch.cuda.device_count()} GPUs")
+        torch.cuda.set_device(index)
+        tdev = torch.device("cuda", index)
+        return Device.from_torch(tdev), tdev
+    raise TuningError(f"device {name!r}: expected cpu, auto or cuda:N")

@@ -1,0 +1,330 @@
+"""Tuning worker processes: jobs, the key-claim register, and running them on one host.
+
+A job is one worker's device and key list; workers of one device group share a key list
+and take keys on demand from a claim register (:func:`claimer`). :func:`run_local` runs
+one spawned process per job, all writing to one database, and gathers how each ended;
+:func:`run_shard` is the entry of a worker (processes and Ray tasks alike).
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue as queue_mod
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kdispatch.device import Device
+from kdispatch.registry import get_op, register
+from kdispatch.tuning import sweep
+from kdispatch.tuning.plan import TuneTarget
+from kdispatch.tuning.sweep import KeySummary, Progress
+
+#: ``on_update(done, total, description)``: the aggregated progress of all workers
+UpdateFn = Callable[[int, "int | None", str], None]
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """Devices of one host that share a dispatch device (so they tune one table).
+
+    Attributes
+    ----------
+    device : Device
+        The dispatch device every worker of the group tunes for.
+    names : tuple of str
+        Worker device names (``"cuda:0"``, ``"cpu"``), one worker each.
+    """
+
+    device: Device
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One worker's work: its device name and its shard of the keys."""
+
+    index: int
+    device_name: str
+    device_key: str
+    targets: tuple[TuneTarget, ...]
+    #: the group's jobs share ``targets`` and take keys by claim (several devices)
+    group: int = 0
+    shared: bool = False
+
+
+@dataclass
+class WorkerResult:
+    """How one worker ended: its counts, or the error that stopped it."""
+
+    index: int
+    device_name: str
+    counts: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class GroupRun:
+    """The planned keys of one device group and, after the run, their summaries."""
+
+    group: DeviceGroup
+    targets: list[TuneTarget]
+    notes: list[str] = field(default_factory=list)
+    summaries: list[KeySummary] = field(default_factory=list)
+
+
+def make_jobs(runs: Sequence[GroupRun], *, on_demand: bool = True) -> list[Job]:
+    """One job per device of each group that has keys.
+
+    With ``on_demand`` (the default) every device of a group gets the group's whole key
+    list and takes keys by claim at run time; otherwise the keys are split round-robin
+    (:func:`~kdispatch.tuning.sweep.shard`) and a device without keys gets no job.
+    """
+    jobs: list[Job] = []
+    for gi, run in enumerate(runs):
+        names = run.group.names
+        if not run.targets:
+            continue
+        if on_demand:
+            for name in names:
+                jobs.append(Job(len(jobs), name, run.group.device.key, tuple(run.targets),
+                                group=gi, shared=len(names) > 1))
+            continue
+        for name, part in zip(names, sweep.shard(run.targets, len(names))):
+            if part:
+                jobs.append(Job(len(jobs), name, run.group.device.key, tuple(part), group=gi))
+    return jobs
+
+
+def claimer(claims: Any) -> Callable[[int], bool]:
+    """``claim(i)``: True for the first worker to ask for key ``i`` of a shared register.
+
+    ``claims`` is a lock-guarded array of flags (``multiprocessing.Array("b", n)``).
+    """
+    def claim(i: int) -> bool:
+        with claims.get_lock():
+            if claims[i]:
+                return False
+            claims[i] = 1
+            return True
+    return claim
+
+
+def extra_specs(ops: Iterable[str]) -> bytes:
+    """What a fresh worker process needs to know the ``ops`` registered at run time.
+
+    Built-in ops and ops of ``kdispatch.ops`` entry points are found by the worker itself
+    (after it chose the interpreter or compiled mode). Other ops are pickled when they can
+    be (by reference to their class), else the module that registers them on import is
+    named, and the worker imports it.
+    """
+    from kdispatch.registry import _builtin_modules, _entry_points
+
+    found = set(_builtin_modules()) | set(_entry_points())
+    payload: list[Any] = []
+    for name in sorted(set(ops) - found):
+        op = get_op(name)
+        try:
+            payload.append(("op", pickle.dumps(op)))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            payload.append(("module", getattr(op, "defining_module", type(op).__module__)))
+    return pickle.dumps(payload)
+
+
+def load_extra(extra: bytes) -> None:
+    """Register (or import the modules of) the ops :func:`extra_specs` shipped."""
+    import importlib
+
+    for kind, value in pickle.loads(extra):
+        if kind == "op":
+            register(pickle.loads(value), replace=True)
+        else:
+            importlib.import_module(value)
+
+
+def run_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str,
+              options: dict[str, Any], extra: bytes,
+              progress: Callable[[Progress], None] | None = None,
+              claim: Callable[[int], bool] | None = None) -> dict[str, Any]:
+    """Register the shipped specs, then :func:`~kdispatch.tuning.sweep.tune_shard`.
+
+    The interpreter is chosen before the specs are unpickled, so a spec module that
+    imports kernels gets them in the right mode. Used by processes and Ray tasks alike.
+    """
+    if device_name == "cpu":
+        sweep.use_interpreter()
+    load_extra(extra)
+    return sweep.tune_shard(list(targets), device_name, db_url, progress=progress,
+                            claim=claim, **options)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _worker(job: Job, db_url: str, options: dict[str, Any], extra: bytes, events: Any,
+            claims: Any = None) -> None:
+    """Process entry (spawn): tune one shard, forwarding progress and the outcome."""
+    def progress(p: Progress) -> None:
+        events.put(("progress", job.index, p))
+
+    claim = claimer(claims) if claims is not None else None
+    try:
+        counts = run_shard(job.targets, job.device_name, db_url, options, extra, progress,
+                           claim)
+    except KeyboardInterrupt:
+        events.put(("failed", job.index, "interrupted"))
+        raise SystemExit(130) from None
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent by device
+        traceback.print_exc()  # the full traceback, on the worker's (inherited) stderr
+        events.put(("failed", job.index, _describe(exc)))
+        raise SystemExit(1) from None
+    events.put(("done", job.index, counts))
+
+
+# -- running -----------------------------------------------------------------------------------
+class _Board:
+    """Aggregates worker progress events into one (done, total, description)."""
+
+    def __init__(self, jobs: Sequence[Job], on_update: UpdateFn | None):
+        self.jobs = jobs
+        self.on_update = on_update
+        self.latest: dict[int, Progress] = {}
+        self.ended: set[int] = set()
+
+    def progress(self, index: int, p: Progress) -> None:
+        self.latest[index] = p
+        self.emit()
+
+    def end(self, index: int) -> None:
+        self.ended.add(index)
+        self.emit()
+
+    def emit(self) -> None:
+        if self.on_update is None:
+            return
+        done = sum(p.done for p in self.latest.values())
+        known = len(self.latest) == len(self.jobs)
+        total = None
+        if known:  # jobs sharing a key list each plan all of it: count a group once
+            per_group: dict[int, int] = {}
+            for j in self.jobs:
+                t = self.latest[j.index].total
+                per_group[j.group] = max(per_group.get(j.group, 0), t) if j.shared \
+                    else per_group.get(j.group, 0) + t
+            total = sum(per_group.values())
+        running = len(self.jobs) - len(self.ended)
+        desc = f"{len(self.jobs)} workers, {running} running"
+        self.on_update(done, total, desc)
+
+
+def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None = None,
+              seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
+              ) -> list[WorkerResult]:
+    """Run each job in its own spawned process and wait for all of them.
+
+    Parameters
+    ----------
+    jobs : sequence of Job
+        From :func:`make_jobs`; one process per job.
+    db_url : str
+        The database every worker writes to (a SQLite file or a server URL).
+    budget_minutes, seed, mark_misses
+        Passed to every worker's sweep.
+    on_update : callable, optional
+        ``on_update(done, total, description)`` with the candidates done over all workers
+        (``total`` is None until every worker has planned).
+
+    Returns
+    -------
+    list of WorkerResult
+        One per job, in job order; a worker that died without a word (killed, crashed)
+        gets an error naming its exit code.
+    """
+    import multiprocessing as mp
+
+    if not jobs:
+        return []
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    options = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": mark_misses}
+    extra = extra_specs(t.op for j in jobs for t in j.targets)
+    results = {j.index: WorkerResult(j.index, j.device_name) for j in jobs}
+    board = _Board(jobs, on_update)
+    sizes = {j.group: len(j.targets) for j in jobs if j.shared}  # one register per group
+    claims = {g: ctx.Array("b", n) for g, n in sizes.items()}
+    procs = [ctx.Process(target=_worker, args=(j, db_url, options, extra, events,
+                                               claims.get(j.group) if j.shared else None),
+                         name=f"kdispatch-tune-{j.device_name}-{j.index}", daemon=False)
+             for j in jobs]
+
+    def handle(event: tuple[Any, ...]) -> None:
+        kind, index = event[0], event[1]
+        if kind == "progress":
+            board.progress(index, event[2])
+        elif kind == "done":
+            results[index].counts = event[2]
+            board.end(index)
+        elif kind == "failed":
+            results[index].error = event[2]
+            board.end(index)
+
+    for p in procs:
+        p.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            try:
+                handle(events.get(timeout=0.1))
+            except queue_mod.Empty:
+                pass
+        # every worker has exited, so everything it put is in the pipe: drain it
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                handle(events.get(timeout=0.2))
+            except queue_mod.Empty:
+                break
+    except KeyboardInterrupt:
+        for p in procs:  # the workers got the same SIGINT; give them time to record it
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        raise
+    finally:
+        for p in procs:
+            p.join()
+        events.close()
+    for job, p in zip(jobs, procs):
+        r = results[job.index]
+        if r.counts is None and r.error is None:
+            r.error = f"worker exited with code {p.exitcode} before reporting"
+        elif r.error is None and p.exitcode not in (0, None):
+            r.error = f"worker exited with code {p.exitcode}"
+    return [results[j.index] for j in jobs]
+
+
+def failure_message(results: Sequence[WorkerResult]) -> str | None:
+    """One line naming each failed worker's device and error, or None if all succeeded."""
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return None
+    parts = [f"worker {r.index} on {r.device_name} failed: {r.error}" for r in failed]
+    return (f"{len(failed)} of {len(results)} tuning workers failed ("
+            + "; ".join(parts) + "); measurements they committed are kept, rerun to resume")
+
+
+def totals(results: Sequence[WorkerResult]) -> tuple[int, int, bool]:
+    """(measured, skipped, whether any worker stopped on its budget) over the workers."""
+    measured = sum((r.counts or {}).get("measured", 0) for r in results)
+    skipped = sum((r.counts or {}).get("skipped", 0) for r in results)
+    stopped = any((r.counts or {}).get("stopped") == "budget" for r in results)
+    return measured, skipped, stopped
+
+
