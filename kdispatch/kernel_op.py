@@ -90,6 +90,9 @@ class _KernelTuning(OpTuning):
         self.op.launch(config, **inputs)
         return tuple(inputs[n] for n in self.outputs)
 
+    def launches(self, config: Any, inputs: dict[str, Any]) -> list[Any]:
+        return [self.op.launch_of(config, inputs)]
+
     def reference(self, inputs: dict[str, Any]) -> Any:
         if self._reference is not None:
             return self._reference(inputs)
@@ -184,13 +187,19 @@ class KernelOp(Op):
         return config in self.space or (self._heuristic is not None
                                         and config == self.heuristic(key))
 
-    def launch(self, config: Any, **call_args: Any) -> Any:
+    def launch_of(self, config: Any, call_args: dict[str, Any]) -> Any:
+        """The launch of ``config`` on ``call_args`` as data."""
+        from kdispatch.launching import KernelLaunch
+
         cfg = config.model_dump()
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         consts = {k: v for k, v in cfg.items() if v is not None}
-        meta = {**call_args, **consts}
-        return self.fn[self.grid(meta)](**call_args, **consts, num_warps=warps,
-                                        num_stages=stages)
+        args = tuple(call_args[n] for n in self.params if n in call_args)
+        return KernelLaunch(self.fn, tuple(self.grid({**call_args, **consts})), args, consts,
+                            {"num_warps": warps, "num_stages": stages})
+
+    def launch(self, config: Any, **call_args: Any) -> Any:
+        return self.launch_of(config, call_args).run()
 
     # -- the triton.autotune-style call ------------------------------------------------------
     def __getitem__(self, grid: Any) -> Callable[..., Any]:

@@ -15,9 +15,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DirectLaunch", "jit_launch", "raw_stream", "direct_launch_enabled"]
+__all__ = ["DirectLaunch", "KernelLaunch", "direct_launch_enabled", "make_direct", "raw_stream"]
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One Triton launch as data: what ``fn[grid](*args, **constexprs, **options)`` runs.
+
+    Ops describe their launches this way so a tuner can compile them ahead (the tensors'
+    dtypes and the integers' values decide Triton's specialization) and so their own
+    launch path runs exactly what was described.
+    """
+
+    fn: Any
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def run(self) -> Any:
+        """Launch through Triton's JIT; the compiled kernel (GPU) or None (interpreter)."""
+        return self.fn[tuple(self.grid)](*self.args, **self.constexprs, **self.options)
 
 
 def direct_launch_enabled() -> bool:
@@ -38,13 +59,6 @@ def raw_stream(device_index: int) -> int:
     import torch
 
     return torch._C._cuda_getCurrentRawStream(device_index)
-
-
-def jit_launch(fn: Any, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any],
-               options: dict[str, Any]) -> Any:
-    """Launch through Triton's JIT (compiling on the first call); returns its compiled
-    kernel on a GPU, None under the interpreter."""
-    return fn[tuple(grid)](*args, **constexprs, **options)
 
 
 class DirectLaunch:

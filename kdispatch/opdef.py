@@ -267,6 +267,12 @@ class OpTuning(ABC):
         ModelShape`) contributes for this op (none by default)."""
         return []
 
+    def launches(self, config: Any, inputs: dict[str, Any]) -> list[Any]:
+        """The :class:`~kdispatch.launching.KernelLaunch` list that :meth:`run` would launch
+        for ``config`` on ``inputs``, without launching (lets the tuner compile candidates
+        ahead, in parallel). An empty list: nothing to compile ahead."""
+        return []
+
     def default_args(self) -> list[dict[str, Any]]:
         """Plain-form argument sets ``kdispatch tune --op NAME`` tunes when no preset is
         named (the op's own representative keys; none by default)."""

@@ -2,8 +2,9 @@
 
 :func:`code_hash` hashes the *syntax tree* of
 
-- every ``@triton.jit`` function an op launches and every jit function those call, with
-  the values of the module-level constants they read (Triton bakes them in), and
+- every ``@triton.jit`` function an op launches and every jit function those call (but
+  Triton's own, whose version every row records), with the values of the module-level
+  constants they read (Triton bakes them in), and
 - the op's launch code (the functions that turn a config into constexprs, a grid and a
   kernel choice) and the functions of the op's own package, or of ``kdispatch.kernels``,
   that it calls, with the constants they read;
@@ -130,6 +131,19 @@ def code_hash(kernels: Iterable[Any], launch_code: Iterable[Callable[..., Any]] 
               salt: str = "") -> str:
     """sha256 (16 hex) over the kernels and launch code an op declares, and what they reach.
 
+    See :func:`code_entries` for what is included.
+    """
+    entries = code_entries(kernels, launch_code)
+    h = hashlib.sha256(salt.encode())
+    for name in sorted(entries):
+        h.update(name.encode() + b"\0" + entries[name].encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def code_entries(kernels: Iterable[Any], launch_code: Iterable[Callable[..., Any]] = (),
+                 ) -> dict[str, str]:
+    """``{name: canonical text}`` of everything :func:`code_hash` covers.
+
     Parameters
     ----------
     kernels : iterable
@@ -137,8 +151,6 @@ def code_hash(kernels: Iterable[Any], launch_code: Iterable[Callable[..., Any]] 
     launch_code : iterable of callables
         Plain functions; the functions they reference that live in their own package (or
         in ``kdispatch.kernels``) are included, as are jit functions they name.
-    salt : str
-        Mixed in as is (an op's name, so two ops never share a hash by accident).
     """
     entries: dict[str, str] = {}
     launch = list(launch_code)
@@ -160,13 +172,11 @@ def code_hash(kernels: Iterable[Any], launch_code: Iterable[Callable[..., Any]] 
         for dotted, value in _referenced(tree, fn):
             inner = _jit_python_fn(value)
             if inner is not None:
-                todo.append((value, True))
+                if not (inner.__module__ or "").startswith("triton."):  # rows key triton
+                    todo.append((value, True))
             elif _is_constant(value):
                 entries[f"const:{name}:{dotted}"] = repr(getattr(value, "value", value))
             elif (not is_jit and isinstance(value, types.FunctionType)
                   and any((value.__module__ or "").startswith(p) for p in prefixes)):
                 todo.append((value, False))
-    h = hashlib.sha256(salt.encode())
-    for name in sorted(entries):
-        h.update(name.encode() + b"\0" + entries[name].encode() + b"\0")
-    return h.hexdigest()[:16]
+    return entries

@@ -27,7 +27,7 @@ from kdispatch.kernels.decode_attention.kernels import (
     _decode_stage1,
     _decode_stage1_latent,
 )
-from kdispatch.launching import direct_launch_enabled, jit_launch, make_direct, raw_stream
+from kdispatch.launching import KernelLaunch, direct_launch_enabled, make_direct, raw_stream
 
 OP_NAME = "decode_attention"
 LOG2E = 1.4426950408889634
@@ -167,10 +167,11 @@ def _workspace(p: Plan, q: torch.Tensor) -> tuple[Any, Any, Any]:
     return po, pl, cnt
 
 
-def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
-                scale: float, logit_cap: float, window: int) -> tuple[Any, Any]:
-    """Run the plan through Triton's JIT; returns (stage-1, reduce) compiled kernels."""
+def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+             scale: float, logit_cap: float, window: int) -> list[KernelLaunch]:
+    """The plan's launches as data (stage 1, then the reduce when it has one), with a
+    freshly allocated workspace."""
     po, pl, cnt = _workspace(p, q)
     po_arg = po if po is not None else out
     pl_arg = pl if pl is not None else out
@@ -180,15 +181,24 @@ def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
             float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
             *stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, out, window))
     kernel = _decode_stage1_latent if p.latent else _decode_stage1
+    out_launches = [KernelLaunch(kernel, p.grid, args, p.constexprs, p.options)]
+    if p.reduce_grid is not None:
+        rargs = (seq_lens, po, pl, out,
+                 *reduce_args(p, k_cache, block_table, seq_lens, out, window))
+        out_launches.append(KernelLaunch(_decode_reduce, p.reduce_grid, rargs,
+                                         p.reduce_constexprs or {}, p.reduce_options or {}))
+    return out_launches
+
+
+def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+                scale: float, logit_cap: float, window: int) -> tuple[Any, Any]:
+    """Run the plan through Triton's JIT; returns (stage-1, reduce) compiled kernels."""
+    todo = launches(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
+                    window)
     with torch.cuda.device(q.device) if q.is_cuda else _NoDevice():
-        first = jit_launch(kernel, p.grid, args, p.constexprs, p.options)
-        second = None
-        if p.reduce_grid is not None:
-            rargs = (seq_lens, po, pl, out,
-                     *reduce_args(p, k_cache, block_table, seq_lens, out, window))
-            second = jit_launch(_decode_reduce, p.reduce_grid, rargs, p.reduce_constexprs,
-                                p.reduce_options)
-    return first, second
+        compiled = [launch.run() for launch in todo]
+    return compiled[0], compiled[1] if len(compiled) > 1 else None
 
 
 class _NoDevice:
@@ -199,7 +209,7 @@ class _NoDevice:
         return None
 
 
-def _checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
+def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, sliding_window: Any, logit_cap: float) -> Plan:
     split = config.num_kv_splits > 1
     if split and bool(config.pdl) and bool(config.merge):
@@ -211,6 +221,20 @@ def _checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     _, page, hk, _ = k_cache.shape
     return plan(config, b, hq, dk, page, hk, v_cache.shape[3], shares_latent(k_cache, v_cache),
                 q.dtype == torch.float32, sliding_window is not None, logit_cap > 0)
+
+
+def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                     *, scale: float, out: torch.Tensor | None = None,
+                     sliding_window: int | None = None,
+                     logit_cap: float = 0.0) -> list[KernelLaunch]:
+    """What :func:`launch_decode_attention` would launch, as data (nothing runs)."""
+    check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
+               logit_cap)
+    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap)
+    return launches(p, q, k_cache, v_cache, block_table, seq_lens,
+                    q.new_empty(p.out_shape) if out is None else out, scale, logit_cap,
+                    int(sliding_window or 0))
 
 
 def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
@@ -227,7 +251,7 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     """
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
                logit_cap)
-    p = _checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap)
+    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap)
     if out is None:
         out = q.new_empty(p.out_shape)
     _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
@@ -322,7 +346,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
             "seq_lens": seq_lens, "sliding_window": sliding_window,
             "batch_invariant": batch_invariant}
     cfg, resolved = d.resolve_entry(OP_NAME, args, config)
-    p = _checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap)
+    p = checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
     first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,

@@ -18,10 +18,9 @@ from kdispatch.kernels.decode_attention.kernels import (
     _decode_stage1_latent,
 )
 from kdispatch.kernels.decode_attention.launch import (
+    checked_plan,
     launch_decode_attention,
-    plan,
-    reduce_args,
-    stage1_args,
+    launches,
 )
 from kdispatch.kernels.decode_attention.tuning import DecodeTuning
 from kdispatch.opdef import Op, OpKey
@@ -36,7 +35,7 @@ class DecodeOp(Op):
     config_model = spec.DecodeConfig
     args_model = spec.DecodeArgs
     kernels = (_decode_stage1, _decode_stage1_latent, _decode_reduce)
-    launch_code = (plan, stage1_args, reduce_args)
+    launch_code = (checked_plan, launches)
     table_dirs: tuple[str | Path, ...] = ()
     tuning = DecodeTuning()
 

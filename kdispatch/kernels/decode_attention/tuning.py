@@ -8,7 +8,7 @@ import torch
 
 from kdispatch.dtypes import itemsize, torch_dtype
 from kdispatch.kernels.decode_attention import spec
-from kdispatch.kernels.decode_attention.launch import launch_decode_attention
+from kdispatch.kernels.decode_attention.launch import launch_decode_attention, planned_launches
 from kdispatch.kernels.decode_attention.reference import reference_decode_attention
 from kdispatch.kernels.decode_attention.spec import DecodeConfig
 from kdispatch.opdef import OpTuning
@@ -107,6 +107,9 @@ class DecodeTuning(OpTuning):
 
     def run(self, config: Any, inputs: dict[str, Any]) -> Any:
         return launch_decode_attention(config, **inputs)
+
+    def launches(self, config: Any, inputs: dict[str, Any]) -> list[Any]:
+        return planned_launches(config, **inputs)
 
     def reference(self, inputs: dict[str, Any]) -> Any:
         return reference_decode_attention(**inputs)

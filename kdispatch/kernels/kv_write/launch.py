@@ -21,7 +21,7 @@ from kdispatch.kernels._common import supports_pdl, tensor_sig
 from kdispatch.kernels.kv_write.checks import check_inputs
 from kdispatch.kernels.kv_write.kernel import _kv_write_kernel
 from kdispatch.kernels.kv_write.spec import KVWriteConfig
-from kdispatch.launching import direct_launch_enabled, jit_launch, make_direct, raw_stream
+from kdispatch.launching import KernelLaunch, direct_launch_enabled, make_direct, raw_stream
 
 OP_NAME = "kv_write"
 _CACHE_LIMIT = 4096
@@ -71,23 +71,22 @@ def _indexed_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tens
             cache[slot_mapping // page_size, slot_mapping % page_size] = src
 
 
-def _start(config: Any, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-           value_cache: torch.Tensor, slot_mapping: torch.Tensor, row_mask: Any,
-           active_rows: Any) -> tuple[Plan | None, Any]:
-    """Launch once through the JIT (or run the indexed baseline); (plan, compiled kernel)."""
+def launches(config: Any, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, slot_mapping: torch.Tensor, row_mask: Any,
+             active_rows: Any) -> tuple[Plan | None, list[KernelLaunch]]:
+    """The fused writer's launch for these inputs as data (none for the indexed baseline
+    or zero rows)."""
     num_tokens, num_heads, head_dim = key.shape
     if config.variant == "indexed":
         if row_mask is not None or active_rows is not None:
             raise ValueError("config: the indexed variant cannot apply row_mask/active_rows "
                              "without a host sync; use variant='fused'")
-        if num_tokens:
-            _indexed_write(key, value, key_cache, value_cache, slot_mapping)
-        return None, None
+        return None, []
     if config.pdl and not supports_pdl(key.device):
         raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 or "
                          f"newer; {key.device} has none")
     if num_tokens == 0:
-        return None, None
+        return None, []
     p = plan(config, num_tokens, num_heads, head_dim, key_cache.shape[1],
              row_mask is not None, active_rows is not None)
     # unused pointers get a harmless stand-in; the constexpr flags keep them unread
@@ -95,8 +94,23 @@ def _start(config: Any, key: torch.Tensor, value: torch.Tensor, key_cache: torch
     active_arg = active_rows if active_rows is not None else slot_mapping
     args = (key, value, key_cache, value_cache, slot_mapping, mask_arg, active_arg,
             *runtime_args(key, value, key_cache, value_cache, slot_mapping, row_mask))
+    return p, [KernelLaunch(_kv_write_kernel, p.grid, args, p.constexprs, p.options)]
+
+
+def _start(config: Any, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+           value_cache: torch.Tensor, slot_mapping: torch.Tensor, row_mask: Any,
+           active_rows: Any) -> tuple[Plan | None, Any]:
+    """Launch once through the JIT (or run the indexed baseline); (plan, compiled kernel)."""
+    p, todo = launches(config, key, value, key_cache, value_cache, slot_mapping, row_mask,
+                       active_rows)
+    if config.variant == "indexed":
+        if key.shape[0]:
+            _indexed_write(key, value, key_cache, value_cache, slot_mapping)
+        return None, None
+    compiled = None
     with torch.cuda.device(key.device) if key.is_cuda else _nullcontext():
-        compiled = jit_launch(_kv_write_kernel, p.grid, args, p.constexprs, p.options)
+        for launch in todo:
+            compiled = launch.run()
     return p, compiled
 
 

@@ -12,7 +12,7 @@ from kdispatch.buckets import pow2_bucket
 from kdispatch.dtypes import dtype_name
 from kdispatch.kernels.kv_write import spec
 from kdispatch.kernels.kv_write.kernel import _kv_write_kernel
-from kdispatch.kernels.kv_write.launch import launch_kv_write, plan, runtime_args
+from kdispatch.kernels.kv_write.launch import launch_kv_write, launches
 from kdispatch.kernels.kv_write.tuning import KVWriteTuning
 from kdispatch.opdef import Op, OpKey
 
@@ -38,7 +38,7 @@ class KVWriteOp(Op):
     config_model = spec.KVWriteConfig
     args_model = spec.KVWriteArgs
     kernels = (_kv_write_kernel,)
-    launch_code = (plan, runtime_args)
+    launch_code = (launches,)
     table_dirs: tuple[str | Path, ...] = ()
     tuning = KVWriteTuning()
 

@@ -11,7 +11,7 @@ import triton
 from kdispatch.dtypes import itemsize, torch_dtype
 from kdispatch.kernels._common import pdl_capable
 from kdispatch.kernels.kv_write import spec
-from kdispatch.kernels.kv_write.launch import launch_kv_write
+from kdispatch.kernels.kv_write.launch import launch_kv_write, launches
 from kdispatch.kernels.kv_write.reference import reference_kv_write
 from kdispatch.opdef import NUM_WARPS, OpTuning
 
@@ -94,6 +94,9 @@ class KVWriteTuning(OpTuning):
         args = _call_args(inputs)
         launch_kv_write(config, **args)
         return args["key_cache"], args["value_cache"]
+
+    def launches(self, config: Any, inputs: dict[str, Any]) -> list[Any]:
+        return launches(config, **_call_args(inputs))[1]
 
     def reference(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 pools after the write, computed from the pristine caches of ``make_inputs``."""
