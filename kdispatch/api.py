@@ -22,7 +22,18 @@ def resolve(op: str, /, config: Any = None, **args: Any) -> OpConfig:
     ``op`` is any registered op's name (``kdispatch.op_names()``); for the built-in ops
     see the README.
     """
-    return (_dispatch._DISPATCHER or _dispatch.dispatcher()).resolve(op, args, config)
+    d = _dispatch._DISPATCHER
+    if d is not None and config is None:  # the memo hit, inlined (the serving hot path)
+        spec = d._ops.get(op)
+        if spec is not None:
+            try:
+                entry = d._memo.get((op, spec.memo_key(args)))
+            except TypeError:  # an unhashable argument: the slow path names it
+                entry = None
+            if entry is not None:
+                entry.calls += 1
+                return entry.config
+    return (d or _dispatch.dispatcher()).resolve(op, args, config)
 
 
 def explain(op: str, /, config: Any = None, **args: Any) -> Explanation:
