@@ -30,7 +30,7 @@ class ShippedTables:
             except Exception as exc:  # noqa: BLE001 - a broken table never breaks serving
                 got = f"table unusable: {short_error(exc)}"[:500]
             if isinstance(got, str):
-                warn_once(f"table-error:{path}", f"kdispatch: {path}: {got}; skipped")
+                warn_once(f"table-error:{path}:{got}", f"kdispatch: {path}: {got}; skipped")
             self._files[path] = got
         return got
 

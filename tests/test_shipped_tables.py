@@ -5,14 +5,14 @@ import json
 import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
 
 import kdispatch
 from kdispatch import KDispatchWarning, dispatcher
-from kdispatch.tables import find_table_file, read_table
+from kdispatch.paths import find_table_file
+from kdispatch.tables import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 KIMI = dict(batch=8, context=327600, num_q_heads=12, num_kv_heads=1, head_dim=576,
@@ -77,10 +77,11 @@ def test_wheel_ships_the_table_and_resolves_from_it(tmp_path):
                             str(ROOT)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next(dist.glob("kdispatch-*.whl"))
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=True)
-    py = env_dir / "bin" / "python"
-    inst = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+    # the wheel alone in a directory first on the path: works inside a virtual environment
+    # too (a nested venv with system site packages would not see this one's dependencies)
+    site = tmp_path / "site"
+    inst = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--target", str(site), str(wheel)],
                           capture_output=True, text=True, timeout=600)
     assert inst.returncode == 0, inst.stderr[-3000:]
     code = ("import json, kdispatch\n"
@@ -89,9 +90,10 @@ def test_wheel_ships_the_table_and_resolves_from_it(tmp_path):
             " 'splits': e.config.num_kv_splits}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KDISPATCH_")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    res = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, env=env)
+    env["PYTHONPATH"] = str(site)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert str(env_dir) in out["file"]  # the wheel, not the source tree
+    assert str(site) in out["file"]  # the wheel, not the source tree
     assert out["provenance"] == "table" and out["splits"] >= 1

@@ -51,9 +51,10 @@ def _options(op: Any) -> list[click.Option]:
         opt = f"--{name.replace('_', '-')}"
         if flag:
             out.append(click.Option([opt], name, is_flag=True, default=None, help=text))
+        elif required:  # no default at all: click names the missing option (usage error)
+            out.append(click.Option([opt], name, type=ctype, required=True, help=text))
         else:
-            out.append(click.Option([opt], name, type=ctype, required=required, default=None,
-                                    help=text))
+            out.append(click.Option([opt], name, type=ctype, default=None, help=text))
     return out
 
 

@@ -80,6 +80,8 @@ def show(device: str | None, op: str | None, db: str | None) -> None:
 
             get_op(op)  # a typo is an error, not "0 entries"
         path = sqlite_path(db_url(db))
+        if device is not None and (db is not None and path is not None and not path.exists()):
+            known_device(device)  # a typo is named before a missing database
         store = None
         if db is not None or path is None or path.exists():
             store = open_store(db, create=False)

@@ -84,6 +84,7 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
     run = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": from_misses}
     with domain_errors():
         from kdispatch.tuning import parallel, sweep
+        from kdispatch.tuning.devices import input_budget
 
         ui = _Reporter(console())
         if ray_address is not None:
@@ -97,7 +98,8 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
             return ui.finish(runs, results, budget_minutes)
         dev, tdev = sweep.resolve_device(device)
         store = open_store(db)
-        targets, notes = parallel.plan_targets(store, dev, **plan)
+        targets, notes = parallel.plan_targets(store, dev, **plan,
+                                               max_input_bytes=input_budget(tdev))
         if not ui.announce(dev, targets, notes, store, from_misses):
             return
         with ui.bar() as (bar, task):

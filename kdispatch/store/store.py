@@ -64,9 +64,12 @@ class Store:
             self.engine = make_engine(self.url)
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver
             raise StoreError(f"cannot open database {self.url}: {_cause(exc)}") from exc
+        self._identity = None
         with self._guard():
             if create:
                 self.migrate()
+                self._check_tables()
+                self._check_writable()
             else:
                 self.check_schema()
         self._identity = file_identity(self.path) if self.path else None
@@ -106,6 +109,22 @@ class Store:
         if version != SCHEMA_VERSION:
             raise StoreError(f"database {self.name}: schema version {version}, this kdispatch "
                              f"reads version {SCHEMA_VERSION}")
+        self._check_tables()
+
+    def _check_tables(self) -> None:
+        with self._guard(), self.engine.connect() as conn:
+            for table in (TuningRun.__tablename__, Measurement.__tablename__,
+                          Miss.__tablename__):
+                if not self.engine.dialect.has_table(conn, table):
+                    raise StoreError(f"database {self.name}: table {table} is missing (dropped "
+                                     "or never created): restore it or use another database")
+
+    def _check_writable(self) -> None:
+        """A no-op write, so a read-only or locked-out database fails at open, not at the
+        first measurement of a tune."""
+        with self._write(), self.engine.begin() as conn:
+            conn.execute(Meta.__table__.update().where(Meta.name == "schema_version")
+                         .values(value=Meta.value))
 
     def migrate(self) -> None:
         """Bring the schema to SCHEMA_VERSION; refuse a newer one."""
@@ -141,7 +160,7 @@ class Store:
     def _check_identity(self) -> None:
         """A SQLite file deleted, renamed or replaced under this handle is an error (rows
         written now would go to a file nobody reads)."""
-        if self.path is None or getattr(self, "_identity", None) is None:
+        if self.path is None or self._identity is None:
             return
         if file_identity(self.path) != self._identity:
             raise StoreError(f"database {self.path}: the file was deleted, renamed or "

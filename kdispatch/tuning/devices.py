@@ -53,6 +53,21 @@ def check_kernel_mode(op: Op, interpreter: bool) -> None:
                               "GPU tuning needs compiled kernels: unset TRITON_INTERPRET")
 
 
+#: inputs a tuner may allocate on the CPU (the interpreter caps its inputs far below this)
+CPU_INPUT_BYTES = 8 << 30
+
+
+def input_budget(torch_device: Any) -> int:
+    """Bytes of inputs one key may need on ``torch_device``: half a GPU's memory (a
+    recorded key too large for the device is refused, not allocated)."""
+    import torch
+
+    dev = torch.device(torch_device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory // 2
+    return CPU_INPUT_BYTES
+
+
 def resolve_device(name: str) -> tuple[Device, Any]:
     """The dispatch device and torch device for ``"cpu"``, ``"auto"`` or ``"cuda:N"``.
 

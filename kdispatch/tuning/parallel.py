@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from kdispatch.device import Device
 from kdispatch.tuning import sweep
-from kdispatch.tuning.devices import TuningError
+from kdispatch.tuning.devices import TuningError, input_budget
 from kdispatch.tuning.jobs import (DeviceGroup, GroupRun, Job, UpdateFn, WorkerResult,
                                    claimer, extra_specs, failure_message, make_jobs,
                                    run_local, run_shard, totals)
@@ -143,7 +143,7 @@ def group_devices(named: Sequence[tuple[str, Device]]) -> list[DeviceGroup]:
 # -- planning ----------------------------------------------------------------------------------
 def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequence[str] | None,
                  *, from_misses: bool = False, max_candidates: int | None = None,
-                 ) -> tuple[list[TuneTarget], list[str]]:
+                 max_input_bytes: int | None = None) -> tuple[list[TuneTarget], list[str]]:
     """The keys to tune on ``device``: the presets' keys (or, with ``ops`` and no preset,
     the ops' own default keys), plus recorded misses if asked.
 
@@ -161,7 +161,8 @@ def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequen
     else:
         targets, notes = [], []
     if from_misses:
-        more, miss_notes = plan_misses(store, device, ops or None)
+        more, miss_notes = plan_misses(store, device, ops or None,
+                                       max_input_bytes=max_input_bytes)
         have = {(t.op, json.dumps(t.key, sort_keys=True)) for t in targets}
         targets += [t for t in more if (t.op, json.dumps(t.key, sort_keys=True)) not in have]
         notes += miss_notes
@@ -232,7 +233,8 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
     groups = group_devices([(n, device_for(n)) for n in names])
     runs = []
     for g in groups:
-        targets, notes = plan_targets(store, g.device, **plan)
+        budget = input_budget("cpu" if g.names[0] == "cpu" else g.names[0])
+        targets, notes = plan_targets(store, g.device, **plan, max_input_bytes=budget)
         where = f"; {len(g.names)} workers: {', '.join(g.names)}"
         if ui.announce(g.device, targets, notes, store, plan.get("from_misses", False), where):
             runs.append(GroupRun(g, targets, notes))

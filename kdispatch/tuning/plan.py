@@ -108,19 +108,31 @@ def plan_defaults(device: Device, ops: Iterable[str], max_candidates: int | None
 
 
 def plan_misses(store: Store, device: Device, ops: Iterable[str] | None = None,
-                max_candidates: int | None = None) -> tuple[list[TuneTarget], list[str]]:
-    """The keys the store recorded as heuristic misses for ``device`` (not yet tuned)."""
+                max_candidates: int | None = None, max_input_bytes: int | None = None,
+                ) -> tuple[list[TuneTarget], list[str]]:
+    """The keys the store recorded as heuristic misses for ``device`` (not yet tuned).
+
+    A key whose inputs would take more than ``max_input_bytes`` (its op's ``bytes_moved``)
+    is refused with a note instead of allocated.
+    """
     wanted = {op.name for op in tunable_ops(ops)}
     targets, notes = [], []
-    for op, key in store.misses(device_key=device.key):
-        if op not in wanted:
+    for name, key in store.misses(device_key=device.key):
+        if name not in wanted:
             continue
+        op = get_op(name)
         try:
-            data = get_op(op).parse_key(key).model_dump(mode="json")
+            parsed = op.parse_key(key)
         except (ValueError, ValidationError) as exc:
-            notes.append(f"miss {op} {key}: not tunable here: {short_error(exc)}")
+            notes.append(f"miss {name} {key}: not tunable here: {short_error(exc)}")
             continue
-        targets.append(TuneTarget(op, data, max_candidates))
+        need = op.tuning.bytes_moved(parsed) if op.tuning is not None else 0
+        if max_input_bytes is not None and need > max_input_bytes:
+            notes.append(f"miss {name} {key}: refused: its inputs need about "
+                         f"{need / 2**30:,.1f} GiB, more than the {max_input_bytes / 2**30:,.1f}"
+                         " GiB this device may allocate")
+            continue
+        targets.append(TuneTarget(name, parsed.model_dump(mode="json"), max_candidates))
     return targets, notes
 
 
