@@ -75,10 +75,15 @@ class _KernelTuning(OpTuning):
 
     def __init__(self, op: KernelOp, inputs: Callable[..., dict[str, Any]],
                  reference: Callable[[dict[str, Any]], Any] | None,
-                 outputs: Sequence[str], tolerance: Any, bytes_moved: Any):
+                 outputs: Sequence[str], tolerance: Any, bytes_moved: Any,
+                 tune_keys: Sequence[Mapping[str, Any]]):
         self.op, self._inputs, self._reference = op, inputs, reference
         self.outputs = tuple(outputs)
         self._tolerance, self._bytes = tolerance, bytes_moved
+        self._tune_keys = [dict(k) for k in tune_keys]
+
+    def default_args(self) -> list[dict[str, Any]]:
+        return self._tune_keys
 
     def candidates(self, key: Any) -> list[OpConfig]:
         return list(self.op.space)
@@ -122,7 +127,8 @@ class KernelOp(Op):
                  inputs: Callable[..., dict[str, Any]] | None = None,
                  reference: Callable[[dict[str, Any]], Any] | None = None,
                  outputs: Sequence[str] = (), tolerance: Any = (0.0, 0.0),
-                 bytes_moved: Callable[[dict[str, Any]], int] | None = None):
+                 bytes_moved: Callable[[dict[str, Any]], int] | None = None,
+                 tune_keys: Sequence[Mapping[str, Any]] = ()):
         self.fn = fn
         self.name = name  # type: ignore[misc]
         self.defining_module = fn.fn.__module__  # imported by tuning workers to register it
@@ -152,8 +158,8 @@ class KernelOp(Op):
         self.kernels = (fn,)  # type: ignore[misc]
         self.launch_code = (grid,) if inspect.isfunction(grid) else ()  # type: ignore[misc]
         self.table_dirs = tuple(Path(t) for t in tables)  # type: ignore[misc]
-        self.tuning = (_KernelTuning(self, inputs, reference, outputs, tolerance, bytes_moved)
-                       if inputs is not None else None)
+        self.tuning = (_KernelTuning(self, inputs, reference, outputs, tolerance, bytes_moved,
+                                     tune_keys) if inputs is not None else None)
         if inputs is not None and not outputs:
             raise ValueError("outputs: name the arguments the kernel writes, to verify them")
 
@@ -241,11 +247,12 @@ def dispatch(*, name: str, key: Sequence[str], configs: Iterable[Any],
         ``{arg: fn}`` rounding an int key argument (e.g. ``kdispatch.buckets.pow2_bucket``).
     tables : list of paths, optional
         Directories holding this op's shipped tables (``<device-key>.json``).
-    inputs, reference, outputs, tolerance, bytes_moved : optional
+    inputs, reference, outputs, tolerance, bytes_moved, tune_keys : optional
         The tuning face: ``inputs(key_fields, device, seed) -> kernel arguments`` (random,
         never zeros), ``reference(inputs) -> tensor(s)`` (fp32; default: the first config's
         output), the names of the arguments the kernel writes, ``(atol, rtol)`` or a
-        function of the key fields, and ``bytes_moved(key_fields)``.
+        function of the key fields, ``bytes_moved(key_fields)``, and the plain-form keys
+        ``kdispatch tune --op NAME`` tunes when no preset is named.
     """
     from kdispatch.registry import register
 

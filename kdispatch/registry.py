@@ -5,8 +5,9 @@ Three ways in, looked up in this order:
 - :func:`register` (code: a user's op, a test's fake);
 - the built-in op packages named in ``kdispatch.kernels.BUILTIN_OPS`` (imported on first
   use, so ``import kdispatch`` stays cheap and the Triton interpreter can still be chosen);
-- the ``kdispatch.ops`` entry point group of installed packages, each entry naming an
-  :class:`~kdispatch.opdef.Op` instance (or a list of them), loaded once on first use.
+- the ``kdispatch.ops`` entry point group of installed packages: one entry per op, named
+  as the op, whose value names the :class:`~kdispatch.opdef.Op` object (loaded on first
+  use, so listing the ops imports no plugin).
 
 Nothing here names an op.
 """

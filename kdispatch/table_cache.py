@@ -18,6 +18,7 @@ class ShippedTables:
     def __init__(self) -> None:
         self._files: dict[Path, TableFile | str] = {}  # parsed table, or why it is unusable
         self._entries: dict[tuple[Path, str], dict[str, Any]] = {}
+        self._stale: dict[tuple[Path, str], set[str]] = {}
         self.status: dict[str, dict[str, str]] = {}  # device -> {file: status}
 
     def _file(self, path: Path, device_key: str) -> TableFile | str:
@@ -51,6 +52,7 @@ class ShippedTables:
             if entries is None:
                 entries, report = load_for_op(table, path, spec.name)
                 self._entries[(path, spec.name)] = entries
+                self._stale[(path, spec.name)] = report.stale_keys
                 note = f"{spec.name}: {report.kept} entries"
                 if report.stale:
                     note += f", {report.stale} stale"
@@ -66,7 +68,9 @@ class ShippedTables:
             hit = entries.get(kd)
             if hit is not None:
                 return hit, "hit"
-            outcomes.append(f"{path.name}: no entry for this key")
+            stale = kd in self._stale.get((path, spec.name), ())
+            outcomes.append(f"{path.name}: " + ("entry is stale (kernel source changed)"
+                                                if stale else "no entry for this key"))
         return None, "; ".join(outcomes) if outcomes else "no table"
 
     def summary(self) -> dict[str, str]:

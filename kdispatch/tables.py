@@ -144,6 +144,7 @@ class LoadReport:
     kept: int = 0
     stale: int = 0
     rejected: list[str] = field(default_factory=list)
+    stale_keys: set[str] = field(default_factory=set)  # key digests of the stale entries
 
 
 def load_for_op(table: TableFile, path: Path, op: str) -> tuple[dict[str, Any], LoadReport]:
@@ -154,6 +155,7 @@ def load_for_op(table: TableFile, path: Path, op: str) -> tuple[dict[str, Any], 
     for c in good:
         if not c.current:
             report.stale += 1
+            report.stale_keys.add(c.key_digest)
             continue
         out.setdefault(c.key_digest, c.config)
     report.kept = len(out)

@@ -4,7 +4,6 @@ validate what enters and leaves."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

@@ -26,12 +26,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # only specs are used; no kernel
 from kdispatch.registry import get_op  # noqa: E402
 from kdispatch.store import Store, digest  # noqa: E402
 
-CEILING_OF = {"decode_attention": "read", "kv_write": "copy"}
-SHAPE_FIELDS = {
-    "decode_attention": ("num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "batch",
-                         "context"),
-    "kv_write": ("num_kv_heads", "head_dim", "tokens", "masking"),
-}
+from kdispatch.opdef import DEVICE_FIELDS  # noqa: E402
+
+#: key fields left out of the report's shape column (the same for every row of one table)
+QUIET_FIELDS = {*DEVICE_FIELDS, "dtype", "kv_dtype", "page_size", "sliding", "batch_invariant"}
 
 
 def rows(store: Store, device: str, ceilings: dict, min_run: int = 0,
@@ -59,21 +57,22 @@ def rows(store: Store, device: str, ceilings: dict, min_run: int = 0,
         # today's heuristic (a database may hold the configs of an older heuristic too)
         heur_d = digest(spec.heuristic(key).model_dump(mode="json"))
         heur = next((m for m in ok if m.config_digest == heur_d), None)
-        base_cfg = spec.baseline(key)
+        base_cfg = spec.tuning.baseline(key)
         base_d = digest(base_cfg.model_dump(mode="json")) if base_cfg is not None else None
         base = next((m for m in ok if m.config_digest == base_d), None)
-        nbytes = spec.bytes_moved(key)
+        nbytes = spec.tuning.bytes_moved(key)
 
         def fig(m):
             if m is None:
                 return None
-            ceiling = (by_run or {}).get(m.run_id, ceilings)[CEILING_OF.get(op, "read")]["gbs"]
+            ceiling = (by_run or {}).get(m.run_id, ceilings)[spec.tuning.ceiling]["gbs"]
             gbs = nbytes / (m.median_us * 1e3)
             return {"us": round(m.median_us, 2), "p20_us": m.p20_us, "p80_us": m.p80_us,
                     "gbs": round(gbs, 1), "pct": round(100 * gbs / ceiling, 1),
                     "config": json.loads(m.config_json)}
 
-        out.append({"op": op, "key": {f: getattr(key, f) for f in SHAPE_FIELDS.get(op, ())},
+        shape = {f: v for f, v in key.model_dump().items() if f not in QUIET_FIELDS}
+        out.append({"op": op, "key": shape,
                     "candidates": len(ms), "rejected": sum(m.status == "rejected" for m in ms),
                     "infeasible": sum(m.status == "infeasible" for m in ms),
                     "runs": sorted({m.run_id for m in ms}),

@@ -100,7 +100,7 @@ def show(device: str | None, op: str | None, db: str | None) -> None:
             "tables)"
     table = Table(title=title)
     for col in ("op", "device", "key", "config", "best us", "heuristic us", "state", "source"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("state", "source"))
+        table.add_column(col, overflow="fold", no_wrap=col in ("op", "device", "state", "source"))
     for row in rows:
         table.add_row(*row)
     out = console()

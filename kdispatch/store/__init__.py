@@ -10,7 +10,8 @@ from kdispatch.settings import url_for_path
 from kdispatch.store.engine import sqlite_path
 from kdispatch.store.rows import BestRow, MeasurementIn, canonical_json, digest, json_object
 from kdispatch.store.schema import SCHEMA_VERSION, Measurement, Miss, TuningRun
-from kdispatch.store.store import Store, read_best_snapshot, toolchain_versions
+from kdispatch.store.host import toolchain_versions
+from kdispatch.store.store import Store, read_best_snapshot
 
 __all__ = ["SCHEMA_VERSION", "BestRow", "Measurement", "MeasurementIn", "Miss", "Store",
            "TuningRun", "canonical_json", "digest", "json_object", "read_best_snapshot",

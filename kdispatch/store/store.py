@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import socket
-import sys
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -19,6 +18,7 @@ from sqlalchemy.orm import Session
 from kdispatch.errors import StoreError
 from kdispatch.settings import db_url as _db_url
 from kdispatch.store.engine import file_identity, make_engine, sqlite_path
+from kdispatch.store.host import alive, toolchain_versions
 from kdispatch.store.rows import BestRow, MeasurementIn, canonical_json, digest, json_object
 from kdispatch.store.schema import (MIGRATIONS, SCHEMA_VERSION, Measurement, Meta, Miss,
                                     TuningRun, now)
@@ -189,7 +189,7 @@ class Store:
             dead = 0
             for run in s.scalars(select(TuningRun).where(TuningRun.status == "running",
                                                          TuningRun.host == host)):
-                if not _alive(run.pid):
+                if not alive(run.pid):
                     run.status, run.finished_at = "killed", now()
                     dead += 1
             return dead
@@ -361,38 +361,6 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True
-    return True
-
-
-def toolchain_versions() -> dict[str, str]:
-    """Versions that invalidate a measurement: kdispatch, torch, triton (read from the
-    installed distributions, so asking costs no torch import)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from kdispatch._version import __version__
-
-    out = {"kdispatch": __version__}
-    for dist in ("torch", "triton"):
-        mod = sys.modules.get(dist)
-        if mod is not None and getattr(mod, "__version__", None):
-            out[dist] = str(mod.__version__)  # what the running kernels were built with
-            continue
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:  # pragma: no cover - both are dependencies
-            out[dist] = "none"
-    return out
 
 
 def read_best_snapshot(url: str, device_key: str) -> list[BestRow]:

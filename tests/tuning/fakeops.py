@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from pydantic import Field
