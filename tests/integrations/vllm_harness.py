@@ -33,8 +33,8 @@ TINY_DEEPSEEK = {
     "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
     "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
     "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64,
-    "v_head_dim": 32, "n_routed_experts": None, "n_shared_experts": None,
-    "first_k_dense_replace": 2, "moe_layer_freq": 1, "rope_theta": 10000.0,
+    "v_head_dim": 32, "n_routed_experts": 4, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "first_k_dense_replace": 2, "moe_layer_freq": 1, "rope_theta": 10000.0,
     "rope_scaling": None, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
     "torch_dtype": "float32",
 }
