@@ -39,3 +39,7 @@ if HAS_VLLM:
             raise RuntimeError("no Triton driver on this machine: set TRITON_INTERPRET=1")
 
     backends.setdefault("cpu", Backend(compiler=None, driver=_InterpreterDriver))
+
+    # the CPU engine reserves this much memory for the KV cache (GiB); the default is larger
+    # than the tests need
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

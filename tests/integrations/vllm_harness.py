@@ -42,10 +42,21 @@ TINY_DEEPSEEK = {
 
 @functools.cache
 def model_dir(name: str) -> str:
-    """A directory holding only ``config.json`` of a tiny model (weights are dummy)."""
+    """A local tiny model: its ``config.json`` and seeded random weights (safetensors).
+
+    Weights are drawn with std 0.2 rather than vLLM's dummy ones (uniform +-1e-3): with
+    those every attention row is nearly uniform and every logit nearly equal, so an
+    end-to-end token comparison could not tell a right attention from a wrong one.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     cfg = {"llama": TINY_LLAMA, "deepseek": TINY_DEEPSEEK}[name]
     path = Path(tempfile.mkdtemp(prefix=f"kd-vllm-{name}-"))
-    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "config.json").write_text(json.dumps({**cfg, "initializer_range": 0.2}))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                             torch_dtype=torch.float32)
+    model.save_pretrained(path)
     return str(path)
 
 
