@@ -16,10 +16,11 @@ import gc
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed (tools/test_vllm.sh installs it "
-                                   "in its own virtual environment)")
-
 import vllm_harness as h  # noqa: E402
+
+h.prepare_process()
+pytest.importorskip("vllm", reason=h.SKIP_REASON)
+
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402

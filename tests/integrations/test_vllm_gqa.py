@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed (tools/test_vllm.sh installs it "
-                                   "in its own virtual environment)")
+import vllm_harness as h  # noqa: E402
+
+h.prepare_process()
+pytest.importorskip("vllm", reason=h.SKIP_REASON)
 
 import torch  # noqa: E402
-import vllm_harness as h  # noqa: E402
 from vllm.config import set_current_vllm_config  # noqa: E402
-from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend  # noqa: E402
@@ -106,27 +106,34 @@ def test_registry_serves_the_kdispatch_backends(backend):
     assert vc.attention_config.backend is AttentionBackendEnum.CUSTOM
 
 
-def _selection(backend_cls, **over):
-    args = dict(head_size=D, dtype=torch.float16, kv_cache_dtype="auto", block_size=h.PAGE,
-                use_mla=False, has_sink=False, use_sparse=False, use_mm_prefix=False,
-                use_per_head_quant_scales=False, device_capability=DeviceCapability(9, 0),
-                attn_type="decoder")
-    args.update(over)
-    return backend_cls.validate_configuration(**args)
+def test_custom_slot_holds_the_mla_backend_on_request(monkeypatch):
+    from kdispatch.integrations.vllm.backend import KDispatchAttentionBackend
+    from kdispatch.integrations.vllm.mla import KDispatchMLABackend
+
+    monkeypatch.setenv(plugin.CUSTOM_ENV, "mla")  # for vLLM processes started by spawn
+    plugin.register()
+    try:
+        assert AttentionBackendEnum.CUSTOM.get_class() is KDispatchMLABackend
+        assert AttentionBackendEnum[plugin.MLA_NAME].get_class() is KDispatchMLABackend
+    finally:
+        monkeypatch.delenv(plugin.CUSTOM_ENV)
+        plugin.register()
+    assert AttentionBackendEnum.CUSTOM.get_class() is KDispatchAttentionBackend
 
 
 def test_selection_names_what_it_refuses(backend):
-    assert _selection(backend) == []
-    assert _selection(backend, head_size=128, dtype=torch.bfloat16, block_size=64) == []
-    reasons = _selection(backend, head_size=640)
+    assert h.selection(backend, head_size=D) == []
+    assert h.selection(backend, head_size=128, dtype=torch.bfloat16, block_size=64) == []
+    reasons = h.selection(backend, head_size=640)
     assert any("head size 640" in r for r in reasons), reasons
     assert "head_size not supported" not in reasons  # vLLM's generic wording is replaced
-    reasons = _selection(backend, kv_cache_dtype="fp8")
+    reasons = h.selection(backend, head_size=D, kv_cache_dtype="fp8")
     assert any("'fp8'" in r and "not supported yet" in r for r in reasons), reasons
-    reasons = _selection(backend, head_size=16)
+    reasons = h.selection(backend, head_size=16)
     assert any("head size 16" in r and "Triton" in r for r in reasons), reasons
-    assert any("MLA" in r for r in _selection(backend, use_mla=True))
-    assert any("block_size" in r for r in _selection(backend, block_size=8))
+    assert any("MLA" in r for r in h.selection(backend, head_size=D, use_mla=True))
+    assert any("block size 8" in r for r in h.selection(backend, head_size=D, block_size=8))
+    assert h.selection(backend, head_size=D, block_size=48) == []  # split into 16-token pages
 
 
 def test_impl_refuses_at_construction_not_forward(backend):

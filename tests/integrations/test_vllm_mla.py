@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed (tools/test_vllm.sh installs it "
-                                   "in its own virtual environment)")
+import vllm_harness as h  # noqa: E402
+
+h.prepare_process()
+pytest.importorskip("vllm", reason=h.SKIP_REASON)
 
 import torch  # noqa: E402
-import vllm_harness as h  # noqa: E402
 from vllm.config import set_current_vllm_config  # noqa: E402
-from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend  # noqa: E402
 from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import (  # noqa: E402
     CPUSDPAMLAPrefillBackend,
@@ -96,12 +96,8 @@ def _decode(backend_cls, dtype: torch.dtype, batch: h.Batch = DECODE, seed: int 
 
 
 def _selection(backend_cls, **over):
-    args = dict(head_size=LATENT, dtype=torch.bfloat16, kv_cache_dtype="auto",
-                block_size=64, use_mla=True, has_sink=False, use_sparse=False,
-                use_mm_prefix=False, use_per_head_quant_scales=False,
-                device_capability=DeviceCapability(9, 0), attn_type="decoder")
-    args.update(over)
-    return backend_cls.validate_configuration(**args)
+    return h.selection(backend_cls, **{"head_size": LATENT, "dtype": torch.bfloat16,
+                                       "block_size": 64, "use_mla": True, **over})
 
 
 def test_selection_names_what_it_refuses(backend):
@@ -112,6 +108,7 @@ def test_selection_names_what_it_refuses(backend):
     reasons = _selection(backend, head_size=640)
     assert any("head size 640" in r for r in reasons), reasons
     assert any("non-MLA" in r for r in _selection(backend, use_mla=False))
+    assert any("block size 24" in r for r in _selection(backend, block_size=24))
 
 
 def test_impl_refuses_at_construction(backend):

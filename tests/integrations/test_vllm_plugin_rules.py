@@ -93,6 +93,12 @@ def test_without_vllm_the_backends_say_how_to_install_it(monkeypatch):
         import kdispatch.integrations.vllm.mla  # noqa: F401
 
 
+def test_a_bad_custom_slot_choice_is_named(monkeypatch):
+    monkeypatch.setenv(plugin.CUSTOM_ENV, "flash")
+    with pytest.raises(ValueError, match="KDISPATCH_VLLM_CUSTOM='flash': expected 'gqa'"):
+        plugin.register()
+
+
 def test_pyproject_declares_the_entry_point_and_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     value = project["entry-points"][plugin.ENTRY_POINT_GROUP][plugin.ENTRY_POINT_NAME]

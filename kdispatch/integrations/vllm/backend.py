@@ -272,10 +272,12 @@ class KDispatchAttentionBackend(AttentionBackend):
 
     @classmethod
     def validate_configuration(cls, head_size: int, dtype: torch.dtype,
-                               kv_cache_dtype: Any, *args: Any, **kwargs: Any) -> list[str]:
+                               kv_cache_dtype: Any, block_size: int | None, *args: Any,
+                               **kwargs: Any) -> list[str]:
         """vLLM's reasons, with its generic head-size/dtype ones replaced by kdispatch's,
         which name the refused value and the fix."""
-        reasons = super().validate_configuration(head_size, dtype, kv_cache_dtype, *args,
-                                                 **kwargs)
-        own = limits.gqa_reasons(head_size, dtype, kv_cache_dtype)
+        reasons = super().validate_configuration(head_size, dtype, kv_cache_dtype,
+                                                 block_size, *args, **kwargs)
+        own = (limits.gqa_reasons(head_size, dtype, kv_cache_dtype)
+               + limits.block_size_reasons(block_size))
         return own + [r for r in reasons if r not in SELECTION_GENERIC_REASONS]

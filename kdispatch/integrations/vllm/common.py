@@ -9,7 +9,8 @@ from kdispatch.integrations.vllm.limits import dtype_name
 
 #: vLLM's generic selection reasons that kdispatch's own (which name the value) replace
 SELECTION_GENERIC_REASONS = frozenset(
-    {"head_size not supported", "dtype not supported", "kv_cache_dtype not supported"})
+    {"head_size not supported", "dtype not supported", "kv_cache_dtype not supported",
+     "block_size not supported"})
 
 
 def resolve_decode_config(device: Any, *, batch: int, context: int, num_q_heads: int,

@@ -35,7 +35,11 @@ from vllm.model_executor.layers.attention.mla_attention import (  # noqa: E402
     MLACommonMetadataBuilder,
     QueryLenSupport,
 )
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType  # noqa: E402,E501
+from vllm.v1.attention.backend import (  # noqa: E402
+    AttentionCGSupport,
+    AttentionLayer,
+    AttentionType,
+)
 
 import kdispatch  # noqa: E402
 from kdispatch.integrations.vllm.common import (  # noqa: E402
@@ -179,9 +183,11 @@ class KDispatchMLABackend(MLACommonBackend):
 
     @classmethod
     def validate_configuration(cls, head_size: int, dtype: torch.dtype,
-                               kv_cache_dtype: Any, *args: Any, **kwargs: Any) -> list[str]:
+                               kv_cache_dtype: Any, block_size: int | None, *args: Any,
+                               **kwargs: Any) -> list[str]:
         """vLLM's reasons, with its generic head-size/dtype ones replaced by kdispatch's."""
-        reasons = super().validate_configuration(head_size, dtype, kv_cache_dtype, *args,
-                                                 **kwargs)
-        own = limits.mla_reasons(head_size, dtype, kv_cache_dtype)
+        reasons = super().validate_configuration(head_size, dtype, kv_cache_dtype,
+                                                 block_size, *args, **kwargs)
+        own = (limits.mla_reasons(head_size, dtype, kv_cache_dtype)
+               + limits.block_size_reasons(block_size))
         return own + [r for r in reasons if r not in SELECTION_GENERIC_REASONS]
