@@ -81,8 +81,8 @@ TINY_DEEPSEEK = {
     "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
     "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
     "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64,
-    "v_head_dim": 32, "n_routed_experts": 4, "n_shared_experts": 1,
-    "num_experts_per_tok": 2, "first_k_dense_replace": 2, "moe_layer_freq": 1, "rope_theta": 10000.0,
+    "v_head_dim": 32, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+    "first_k_dense_replace": 2, "moe_layer_freq": 1, "rope_theta": 10000.0,
     "rope_scaling": None, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
     "torch_dtype": "float32",
 }
@@ -128,7 +128,7 @@ class Batch:
 
     @property
     def seq_lens(self) -> list[int]:
-        return [c + q for c, q in zip(self.context, self.query)]
+        return [c + q for c, q in zip(self.context, self.query, strict=True)]
 
     @property
     def num_tokens(self) -> int:
@@ -155,7 +155,7 @@ def common_metadata(batch: Batch, block_table: torch.Tensor):
     qsl[1:] = torch.tensor(batch.query).cumsum(0)
     seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int32)
     slots = []
-    for b, (c, q) in enumerate(zip(batch.context, batch.query)):
+    for b, (c, q) in enumerate(zip(batch.context, batch.query, strict=True)):
         for pos in range(c, c + q):
             slots.append(int(block_table[b, pos // PAGE]) * PAGE + pos % PAGE)
     return CommonAttentionMetadata(
@@ -180,7 +180,7 @@ def reference_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     ``keys[b]``/``values[b]`` are ``[seq_len, Hk, D]``; ``q`` is ``[T, Hq, D]``."""
     outs = []
     start = 0
-    for b, (c, n) in enumerate(zip(batch.context, batch.query)):
+    for b, (c, n) in enumerate(zip(batch.context, batch.query, strict=True)):
         qq = q[start:start + n].float()
         start += n
         k, v = keys[b].float(), values[b].float()
