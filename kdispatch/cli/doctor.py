@@ -36,6 +36,9 @@ def doctor(db: str | None) -> None:
     say(f"versions: kdispatch {versions['kdispatch']}, torch {versions['torch']}, triton "
         f"{versions['triton']}, python {platform.python_version()}")
     say(f"triton interpreter: {'on' if os.environ.get('TRITON_INTERPRET') == '1' else 'off'}")
+    from kdispatch.integrations.vllm import entry_point_status
+
+    say(f"vllm plugin: {entry_point_status()}")
     url = db_url(db)
     path = sqlite_path(url)
     say(f"database: {url}")

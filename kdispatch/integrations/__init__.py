@@ -1,0 +1,1 @@
+"""Adapters that plug kdispatch's ops into serving engines (``kdispatch.integrations.vllm``)."""
