@@ -48,7 +48,9 @@ def test_cli_examples_name_real_commands_and_options():
             if not line.startswith("kdispatch "):
                 continue
             argv = shlex.split(line)[1:]
-            res = runner.invoke(main, [argv[0], "--help"])
+            # resolve/explain take the op as a subcommand whose options are its arguments
+            head = argv[:2] if argv[0] in ("resolve", "explain") else argv[:1]
+            res = runner.invoke(main, [*head, "--help"])
             assert res.exit_code == 0, line
             for opt in (a.split("=")[0] for a in argv if a.startswith("-")):
                 assert opt in res.output, f"{opt} of {line!r} is not an option"

@@ -122,11 +122,11 @@ class DecodeLayer(torch.nn.Module):
 
 def layer_inputs(dev, seed, b=2, pages=2, page=16):
     g = torch.Generator().manual_seed(seed)
-    nb = b * pages
+    nb = 4 * pages  # the cache's size does not follow the batch
     x = torch.randn(b, 64, generator=g).to(dev)
     kc = torch.randn(nb, page, 2, 32, generator=g).to(dev)
     vc = torch.randn(nb, page, 2, 32, generator=g).to(dev)
-    bt = torch.randperm(nb, generator=g).view(b, pages).to(torch.int32).to(dev)
+    bt = torch.randperm(nb, generator=g)[:b * pages].view(b, pages).to(torch.int32).to(dev)
     lens = torch.randint(1, pages * page + 1, (b,), generator=g)
     last = lens - 1  # this step's token goes to the request's last position
     slots = bt.cpu().long()[torch.arange(b), last // page] * page + last % page
@@ -227,3 +227,23 @@ def test_cached_writer_revalidates_and_counts_its_resolutions(dev):
     assert torch.equal(kc.float(), rk) and torch.equal(vc.float(), rv)
     with pytest.raises(ValueError, match="^slot_mapping"):
         kdispatch.write_kv(key, value, kc, vc, slots[:-1])
+
+
+def test_a_dynamic_batch_compiles_once(dev):
+    """With the batch marked dynamic, new batch sizes reuse the graph; the config is
+    resolved inside the op from each call's concrete shapes."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    layer = DecodeLayer().to(dev)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(layer, backend=counter, fullgraph=True)
+    for seed, b in enumerate((2, 3, 4)):
+        x, kc, vc, slots, bt, sl = layer_inputs(dev, seed, b=b)
+        for t in (x, slots, bt, sl):
+            torch._dynamo.mark_dynamic(t, 0)
+        kc2, vc2 = kc.clone(), vc.clone()
+        want = layer(x, kc, vc, slots, bt, sl)
+        torch.testing.assert_close(compiled(x, kc2, vc2, slots, bt, sl), want,
+                                   atol=1e-5, rtol=1e-5)
+    assert counter.frame_count == 1
