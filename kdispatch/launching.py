@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DirectLaunch", "KernelLaunch", "direct_launch_enabled", "make_direct", "raw_stream"]
+__all__ = ["DirectLaunch", "KernelLaunch", "direct_launch_enabled", "hooks_installed",
+           "make_direct", "raw_stream"]
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,37 @@ def direct_launch_enabled() -> bool:
             and os.environ.get("KDISPATCH_DIRECT_LAUNCH", "1") != "0")
 
 
-def _hooks_installed() -> bool:
-    from triton import knobs
+def _installed(hook: Any) -> bool:
+    # Triton 3.6 keeps a HookChain there (never None; empty when nothing is installed)
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else hook is not None
 
-    rt = knobs.runtime
-    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+
+_RUNTIME: Any = None  # triton.knobs.runtime, looked up once (this runs on every call)
+_RAW_STREAM: Any = None
+
+
+def hooks_installed() -> bool:
+    """Whether a launch hook (a profiler) is installed: then every launch goes through
+    Triton's JIT so the hook sees it."""
+    global _RUNTIME
+    rt = _RUNTIME
+    if rt is None:
+        from triton import knobs
+
+        rt = _RUNTIME = knobs.runtime
+    return _installed(rt.launch_enter_hook) or _installed(rt.launch_exit_hook)
 
 
 def raw_stream(device_index: int) -> int:
     """The current CUDA stream of a device as an integer handle (what Triton launches on)."""
-    import torch
+    global _RAW_STREAM
+    get = _RAW_STREAM
+    if get is None:
+        import torch
 
-    return torch._C._cuda_getCurrentRawStream(device_index)
+        get = _RAW_STREAM = torch._C._cuda_getCurrentRawStream
+    return get(device_index)
 
 
 class DirectLaunch:
@@ -95,7 +115,7 @@ class DirectLaunch:
 def make_direct(fn: Any, compiled: Any, grid: Sequence[int], n_args: int
                 ) -> DirectLaunch | None:
     """A :class:`DirectLaunch` of ``compiled`` when direct launches are possible, else None."""
-    if compiled is None or not direct_launch_enabled() or _hooks_installed():
+    if compiled is None or not direct_launch_enabled() or hooks_installed():
         return None
     return DirectLaunch(compiled, grid, len(fn.params), n_args)
 

@@ -27,7 +27,8 @@ from kdispatch.kernels.decode_attention.kernels import (
     _decode_stage1,
     _decode_stage1_latent,
 )
-from kdispatch.launching import KernelLaunch, direct_launch_enabled, make_direct, raw_stream
+from kdispatch.launching import (KernelLaunch, direct_launch_enabled, hooks_installed,
+                                 make_direct, raw_stream)
 
 OP_NAME = "decode_attention"
 LOG2E = 1.4426950408889634
@@ -302,7 +303,7 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
         e.resolved.calls += 1
     p = e.plan
     o = q.new_empty(p.out_shape) if out is None else out
-    if e.stage1 is None or _hooks() or torch._C._cuda_getDevice() != dev:
+    if e.stage1 is None or hooks_installed() or torch._C._cuda_getDevice() != dev:
         _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale, logit_cap,
                     e.window)
         return o
@@ -327,13 +328,6 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
         e.reduce(stream, sp, po, pl, op_, *e.tail2[2:])
     del ws, counters  # the caching allocator orders their reuse after these launches
     return o
-
-
-def _hooks() -> bool:
-    from triton import knobs
-
-    rt = knobs.runtime
-    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
 
 
 def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,

@@ -21,7 +21,8 @@ from kdispatch.kernels._common import supports_pdl, tensor_sig
 from kdispatch.kernels.kv_write.checks import check_inputs
 from kdispatch.kernels.kv_write.kernel import _kv_write_kernel
 from kdispatch.kernels.kv_write.spec import KVWriteConfig
-from kdispatch.launching import KernelLaunch, direct_launch_enabled, make_direct, raw_stream
+from kdispatch.launching import (KernelLaunch, direct_launch_enabled, hooks_installed,
+                                 make_direct, raw_stream)
 
 OP_NAME = "kv_write"
 _CACHE_LIMIT = 4096
@@ -193,7 +194,7 @@ def write_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mappin
             and (config is None or e.config is config)):
         if e.resolved is not None:
             e.resolved.calls += 1
-        if e.direct is not None and not _hooks():
+        if e.direct is not None and not hooks_installed():
             e.direct(raw_stream(dev), kp, vp, kcp, vcp, sp,
                      sp if row_mask is None else row_mask.data_ptr(),
                      sp if active_rows is None else active_rows.data_ptr(), *e.tail)
@@ -203,13 +204,6 @@ def write_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mappin
         return
     _first_call(sig, key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
                 config)
-
-
-def _hooks() -> bool:
-    from triton import knobs
-
-    rt = knobs.runtime
-    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
 
 
 def _first_call(sig: Any, key: Any, value: Any, key_cache: Any, value_cache: Any,
