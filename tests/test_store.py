@@ -11,7 +11,7 @@ from kdispatch import StoreError
 from kdispatch.device import Device
 from kdispatch.store import SCHEMA_VERSION, MeasurementIn, Store, digest
 
-from conftest import PG_URL
+PG_URL = os.environ.get("KDISPATCH_TEST_PG_URL", "")  # what conftest's db_url fixture uses
 
 KEY = {"device": "nvidia-h200", "vendor": "nvidia", "arch": "sm_90", "cu_count": 132,
        "dtype": "bfloat16", "num_q_heads": 12, "num_kv_heads": 1, "head_dim": 576,

@@ -38,7 +38,7 @@ def console() -> Any:
     from rich.console import Console
 
     # Bound per call: CliRunner swaps sys.stdout, and a pipe should not get 80 columns.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "140"))
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "220"))
     return Console(file=sys.stdout, width=width, soft_wrap=False)
 
 

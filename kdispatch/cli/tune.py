@@ -187,7 +187,7 @@ def _summary_table(summaries: list[Any]) -> Any:
 
     table = Table(title="tuning summary")
     for col in ("op", "key", "best config", "best us", "heuristic us", "speedup", "ok/rej/inf"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col == "op")
     for s in summaries:
         sp = s.speedup
         table.add_row(s.op, compact(shape_fields(s.key)), compact(s.best_config),
