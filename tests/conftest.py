@@ -44,6 +44,24 @@ def _isolated_env(tmp_path, monkeypatch):
     dispatcher.reset()
 
 
+@pytest.fixture
+def runner():
+    """click's CliRunner for the kdispatch command line."""
+    from click.testing import CliRunner
+
+    return CliRunner()
+
+
+@pytest.fixture
+def fake():
+    """The tuner's test op (tests/tuning/fakeops.py) and its ``fake`` preset, registered."""
+    import fakeops
+
+    fakeops.install()
+    yield fakeops.SPEC
+    fakeops.uninstall()
+
+
 PG_URL = os.environ.get("KDISPATCH_TEST_PG_URL", "")
 
 

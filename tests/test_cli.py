@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tuning"))
 import fakeops  # noqa: E402
@@ -19,18 +18,6 @@ from kdispatch.store import Store  # noqa: E402
 from kdispatch.tables import read_table  # noqa: E402
 
 COMMANDS = ("tune", "resolve", "explain", "show", "export", "import", "merge", "doctor")
-
-
-@pytest.fixture
-def runner():
-    return CliRunner()
-
-
-@pytest.fixture
-def fake():
-    fakeops.install()
-    yield fakeops.SPEC
-    fakeops.uninstall()
 
 
 def _ok(result):

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tuning"))
 import fakeops  # noqa: E402
@@ -27,18 +26,6 @@ from kdispatch.tables import (TABLE_FORMAT_VERSION, TableEntry, TableFile, Toolc
                               read_table, write_table)
 
 KV_ARGS = ["--tokens", "1", "--num-kv-heads", "8", "--head-dim", "128"]
-
-
-@pytest.fixture
-def runner():
-    return CliRunner()
-
-
-@pytest.fixture
-def fake():
-    fakeops.install()
-    yield fakeops.SPEC
-    fakeops.uninstall()
 
 
 def one_line_error(result, *needles: str) -> str:

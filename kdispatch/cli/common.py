@@ -37,8 +37,10 @@ def domain_errors() -> Iterator[None]:
 def console() -> Any:
     from rich.console import Console
 
-    # Bound per call: CliRunner swaps sys.stdout, and a pipe should not get 80 columns.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "220"))
+    # Bound per call: CliRunner swaps sys.stdout, and a pipe (or a log) should get whole
+    # table rows, not a terminal's 80 columns.
+    columns = os.environ.get("COLUMNS", "")
+    width = None if sys.stdout.isatty() else max(int(columns) if columns.isdigit() else 0, 220)
     return Console(file=sys.stdout, width=width, soft_wrap=False)
 
 

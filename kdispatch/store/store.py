@@ -229,13 +229,8 @@ class Store:
             is_baseline=m.is_baseline, imported=m.imported,
             median_us=m.median_us, p20_us=m.p20_us, p80_us=m.p80_us, max_error=m.max_error,
             error=(m.error or None) and m.error[:4000])
-        try:
-            with self._write(), Session(self.engine) as s, s.begin():
-                s.add(row)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, IntegrityError):
-                return False
-            raise
+        if not self._insert(row):
+            return False
         if run_id is not None:
             self._recorded[run_id] = self._recorded.get(run_id, 0) + 1
         return True
@@ -326,8 +321,11 @@ class Store:
     # -- misses -----------------------------------------------------------------------------
     def record_miss(self, op: str, key: Mapping[str, Any]) -> bool:
         """Record a key resolved by heuristic (deduplicated). True if it was new."""
-        row = Miss(op=op, device_key=key["device"], key_json=canonical_json(key),
-                   key_digest=digest(key))
+        return self._insert(Miss(op=op, device_key=key["device"],
+                                 key_json=canonical_json(key), key_digest=digest(key)))
+
+    def _insert(self, row: Any) -> bool:
+        """Commit one new row; False when a unique constraint says it is already there."""
         try:
             with self._write(), Session(self.engine) as s, s.begin():
                 s.add(row)

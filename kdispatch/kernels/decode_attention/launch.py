@@ -13,6 +13,7 @@ directly (:mod:`kdispatch.launching`).
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,17 +198,9 @@ def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     """Run the plan through Triton's JIT; returns (stage-1, reduce) compiled kernels."""
     todo = launches(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
                     window)
-    with torch.cuda.device(q.device) if q.is_cuda else _NoDevice():
+    with torch.cuda.device(q.device) if q.is_cuda else nullcontext():
         compiled = [launch.run() for launch in todo]
     return compiled[0], compiled[1] if len(compiled) > 1 else None
-
-
-class _NoDevice:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,

@@ -10,6 +10,7 @@ launch the compiled kernel directly (:mod:`kdispatch.launching`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,18 +110,10 @@ def _start(config: Any, key: torch.Tensor, value: torch.Tensor, key_cache: torch
             _indexed_write(key, value, key_cache, value_cache, slot_mapping)
         return None, None
     compiled = None
-    with torch.cuda.device(key.device) if key.is_cuda else _nullcontext():
+    with torch.cuda.device(key.device) if key.is_cuda else nullcontext():
         for launch in todo:
             compiled = launch.run()
     return p, compiled
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def launch_kv_write(config: KVWriteConfig, key: torch.Tensor, value: torch.Tensor,
