@@ -27,9 +27,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from kdispatch.store import MeasurementIn
 from kdispatch.tuning.compile_pool import CompilePool, PoolStats
 from kdispatch.tuning.precompile import (DEFAULT_COMPILER, LaunchSpec, Outcome, Target,
-                                         default_workers, describe)
+                                         current_target, default_workers, describe)
+from kdispatch.tuning.throughput import Throughput
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +124,24 @@ class AheadStats:
 class CompileAhead:
     """Compile a sweep's candidates ahead in ``pool`` for ``target`` (see the module)."""
 
-    pool: Pool
-    target: Target
+    pool: Pool | None
+    target: Target | None
     torch_device: Any
     seed: int = 0
     stats: AheadStats = field(default_factory=AheadStats)
     _ids: dict[tuple[int, str], list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def for_run(cls, pool: Pool | None, target: Target | None, interpreter: bool,
+                torch_device: Any, seed: int) -> CompileAhead:
+        """The sweep's compile-ahead side; without a pool or a target (the target defaults
+        to this process's GPU; the interpreter has none) it does nothing and every
+        candidate is ready at once."""
+        if pool is not None and target is None and not interpreter:
+            target = current_target()
+        if pool is None or target is None:
+            return cls(None, None, torch_device, seed)
+        return cls(pool, target, torch_device, seed)
 
     def submit(self, work: Iterable[tuple[int, Any, Any, list[tuple[str, Any]]]]) -> None:
         """Describe and submit ``(key_index, op, key, [(config_digest, config)])`` in order.
@@ -136,6 +150,8 @@ class CompileAhead:
         described, is left to the JIT (the sweep meets the same call again and handles its
         error as it always did).
         """
+        if self.pool is None or self.target is None:
+            return
         t0 = time.monotonic()
         for ki, op, key, todo in work:
             if not todo:
@@ -180,7 +196,7 @@ class CompileAhead:
               on_wait: Callable[[], None] | None = None) -> Ready:
         """Wait until the candidate's kernels are compiled (or failed, or skipped)."""
         ids = self._ids.get((key_index, digest))
-        if not ids:
+        if not ids or self.pool is None:
             return Ready("go")
         t0 = time.monotonic()
         got = self.pool.wait(ids, timeout=0)
@@ -201,6 +217,24 @@ class CompileAhead:
                 self.stats.infeasible += 1
                 return Ready("infeasible", o.error)
         return Ready("go")
+
+    def account(self, thr: Throughput) -> None:
+        """Add this side's figures (and a local pool's) to a run's :class:`Throughput`."""
+        if self.pool is None:
+            return
+        thr.describe_s, thr.wait_s = self.stats.describe_s, self.stats.wait_s
+        pool = self.pool.stats()
+        thr.pool = pool.as_dict() if pool is not None else None
+
+
+def rejected_row(op: str, config: Any, role: str, source_hash: str, key: dict[str, Any],
+                 error: str | None) -> MeasurementIn:
+    """The row of a candidate whose kernel the pool's compiler rejected: infeasible, never
+    launched, the compiler's one-line error (as the sweep records a launch's)."""
+    return MeasurementIn(op=op, key=key, config=config.model_dump(mode="json"),
+                         source_hash=source_hash, status="infeasible", verified=False,
+                         is_heuristic=role == "heuristic", is_baseline=role == "baseline",
+                         error=error)
 
 
 class RemotePool:

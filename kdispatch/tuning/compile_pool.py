@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from kdispatch.tuning.precompile import DEFAULT_COMPILER, LaunchSpec, Outcome, load_compiler
 
@@ -240,10 +240,10 @@ class CompilePool:
         self._wake_r.close()
         self._wake_w.close()
 
-    def __enter__(self) -> CompilePool:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- the dispatcher thread -----------------------------------------------------------------
@@ -311,7 +311,7 @@ class CompilePool:
                         if p.process.sentinel in ready:
                             self._died(p)
                 self._drain()
-        except BaseException as exc:  # noqa: BLE001 - never leave a waiter hanging
+        except BaseException as exc:
             log.exception("compile pool dispatcher failed")
             with self._cond:
                 self._give_up(f"the compile pool failed: {_one_line(exc)}")

@@ -41,6 +41,10 @@ Target = tuple[str, Any, int]
 _PLAIN = (bool, int, float, str, type(None))
 
 
+class NotCompilable(Exception):
+    """A spec this process cannot compile (no compiled-mode jit function, no backend, ...)."""
+
+
 @dataclass(frozen=True)
 class TensorArg:
     """A tensor argument as Triton specializes on it: its dtype and ``data_ptr() % 16``."""
@@ -240,7 +244,7 @@ def compile_kernel(spec: LaunchSpec) -> Any:
 
     fn = _resolve(spec)
     if not isinstance(fn, JITFunction):
-        raise LookupError(f"{spec.name} is a {type(fn).__name__}, not a compiled-mode "
+        raise NotCompilable(f"{spec.name} is a {type(fn).__name__}, not a compiled-mode "
                           "JITFunction (TRITON_INTERPRET set?)")
     kwargs = {k: _value(v) for k, v in spec.constexprs}
     kwargs.update((k, _value(v)) for k, v in spec.options)
@@ -250,7 +254,7 @@ def compile_kernel(spec: LaunchSpec) -> Any:
                                 spec.target) != spec.digest:
         # the stand-ins did not specialize as the live arguments did: compiling this would
         # fill the cache under a key the timing process never asks for
-        raise LookupError(f"{spec.name}: the shipped arguments specialize differently from "
+        raise NotCompilable(f"{spec.name}: the shipped arguments specialize differently from "
                           "the launch's own")
     backend = _BINDERS[(id(fn), spec.target)][0]
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound,
@@ -275,45 +279,55 @@ def build_launcher(kernel: Any, target: Target) -> None:
                 _DRIVERS[name] = b.driver()
             _DRIVERS[name].launcher_cls(kernel.src, kernel.metadata)
             return
-    raise LookupError(f"no Triton backend for {t}")
+    raise NotCompilable(f"no Triton backend for {t}")
 
 
 @dataclass
 class CompileCounts:
-    """Kernels ``triton.compile`` produced in this process while counting."""
+    """Kernels ``triton.compile`` produced in this process while counting (through Triton's
+    compilation listener; a listener installed before keeps being called)."""
 
     compiled: int = 0
     cache_hits: int = 0
     seconds: float = 0.0
     names: list[str] = field(default_factory=list)
+    _previous: Any = None
+
+    def start(self) -> CompileCounts:
+        from triton import knobs
+
+        self._previous = knobs.compilation.listener
+        knobs.compilation.listener = self._listen
+        return self
+
+    def stop(self) -> CompileCounts:
+        from triton import knobs
+
+        if knobs.compilation.listener == self._listen:
+            knobs.compilation.listener = self._previous
+        return self
+
+    def _listen(self, *, src: Any, metadata: Any, metadata_group: Any, times: Any,
+                cache_hit: bool) -> None:
+        if cache_hit:
+            self.cache_hits += 1
+        else:
+            self.compiled += 1
+            self.seconds += times.total / 1e6
+            self.names.append(str(getattr(src, "name", "?")))
+        if self._previous is not None:
+            self._previous(src=src, metadata=metadata, metadata_group=metadata_group,
+                           times=times, cache_hit=cache_hit)
 
 
 @contextmanager
 def count_compiles() -> Iterator[CompileCounts]:
-    """Count ``triton.compile`` calls (compiles and cache hits) and the compile time, through
-    Triton's compilation listener (the previous listener keeps being called)."""
-    from triton import knobs
-
-    counts = CompileCounts()
-    previous = knobs.compilation.listener
-
-    def listener(*, src: Any, metadata: Any, metadata_group: Any, times: Any,
-                 cache_hit: bool) -> None:
-        if cache_hit:
-            counts.cache_hits += 1
-        else:
-            counts.compiled += 1
-            counts.seconds += times.total / 1e6
-            counts.names.append(str(getattr(src, "name", "?")))
-        if previous is not None:
-            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
-                     cache_hit=cache_hit)
-
-    knobs.compilation.listener = listener
+    """:class:`CompileCounts` of the calls inside the block."""
+    counts = CompileCounts().start()
     try:
         yield counts
     finally:
-        knobs.compilation.listener = previous
+        counts.stop()
 
 
 def compile_spec(spec: LaunchSpec) -> Outcome:
@@ -331,7 +345,7 @@ def compile_spec(spec: LaunchSpec) -> Outcome:
     try:
         with count_compiles() as counts:
             kernel = compile_kernel(spec)
-    except (ImportError, AttributeError, LookupError) as exc:
+    except (ImportError, AttributeError, NotCompilable) as exc:
         return Outcome("skipped", one_line(exc), seconds=time.monotonic() - t0)
     except infeasible_errors() as exc:
         return Outcome("failed", one_line(exc), infeasible=True,

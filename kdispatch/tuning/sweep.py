@@ -18,7 +18,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +25,13 @@ from kdispatch.device import Device
 from kdispatch.opdef import Op, OpConfig
 from kdispatch.registry import get_op
 from kdispatch.store import MeasurementIn, Store, digest
+from kdispatch.tuning.ahead import (CompileAhead, CompileSettings, Pool, open_pool,
+                                    rejected_row)
 from kdispatch.tuning.devices import (TuningError, check_kernel_mode, resolve_device,
                                       use_interpreter)
 from kdispatch.tuning.plan import (Role, TuneTarget, candidate_list, plan, plan_misses, shard,
                                    tunable_ops)
-from kdispatch.tuning.ahead import CompileAhead, CompileSettings, Pool, open_pool
-from kdispatch.tuning.precompile import Target, count_compiles, current_target
+from kdispatch.tuning.precompile import CompileCounts, Target
 from kdispatch.tuning.throughput import Throughput
 from kdispatch.tuning.timing import Timing, time_call
 from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
@@ -188,13 +188,10 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         ``claim(i)`` is asked before key ``i`` of ``targets`` starts; False means another
         worker took it, and it is skipped. Workers sharing one claim register and one target
         list take keys on demand, so a worker that drew cheap keys takes more of them.
-    precompile : Pool, optional
-        A compile pool (:mod:`kdispatch.tuning.ahead`): every candidate's kernels are
-        submitted to it before the first is timed, and each candidate waits for its own
-        before it is verified (a compiler rejection makes it infeasible without a launch).
-    target : tuple, optional
-        What the pool compiles for; default: this GPU's target (none on the interpreter,
-        where the pool is not used).
+    precompile, target : Pool, tuple, optional
+        A compile pool and what it compiles for (default: this GPU; the interpreter has
+        nothing to compile): every candidate's kernels are compiled ahead in it, and a
+        compiler rejection is infeasible without a launch (:mod:`kdispatch.tuning.ahead`).
 
     Returns
     -------
@@ -233,20 +230,14 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     result = SweepResult(device=device, run_id=None, summaries=[])
     result.run_id = store.start_run(device, hashes)
     thr = result.throughput
-    if target is None and precompile is not None and not device.is_interpreter:
-        target = current_target()
-    ahead = (CompileAhead(precompile, target, torch_device, seed)
-             if precompile is not None and target is not None else None)
+    ahead = CompileAhead.for_run(precompile, target, device.is_interpreter, torch_device, seed)
     done = measured_here = 0
     measure_s = 0.0
     status = "failed"
-    jit: Any = None
-    stack = ExitStack()
+    jit = CompileCounts().start()
     try:
-        jit = stack.enter_context(count_compiles())
-        if ahead is not None:
-            ahead.submit((ki, w[1], w[2], [(_config_digest(c), c) for c, _ in w[3]])
-                         for ki, w in enumerate(work))
+        ahead.submit((ki, w[1], w[2], [(_config_digest(c), c) for c, _ in w[3]])
+                     for ki, w in enumerate(work))
         for ki, (t, spec, key, todo, measured_before) in enumerate(work):
             if claim is not None and not claim(ki):
                 continue
@@ -268,10 +259,9 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     result.stopped = "budget"
                     complete = False
                     break
-                ready = (ahead.ready(ki, _config_digest(cfg), deadline,
-                                     lambda: report(phase="compiling"))
-                         if ahead is not None else None)
-                if ready is not None and ready.status == "budget":
+                ready = ahead.ready(ki, _config_digest(cfg), deadline,
+                                    lambda: report(phase="compiling"))
+                if ready.status == "budget":
                     result.stopped = "budget"
                     complete = False
                     break
@@ -281,9 +271,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     report("measured elsewhere")
                     continue
                 c0 = time.monotonic()
-                if ready is not None and ready.status == "infeasible":
-                    m = _rejected_by_compiler(spec, cfg, role, hashes[t.op], t.key,
-                                              ready.error)
+                if ready.status == "infeasible":
+                    m = rejected_row(spec.name, cfg, role, hashes[t.op], t.key, ready.error)
                 else:
                     if ref is None:
                         ref_inputs = spec.tuning.make_inputs(key, torch_device, seed)
@@ -311,35 +300,11 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         status = "interrupted"
         raise
     finally:
-        stack.close()
         store.finish_run(result.run_id, status)
-        _account(thr, result, jit, ahead, t0)
+        thr.finish(t0, result.measured, jit.stop())
+        ahead.account(thr)
     result.summaries = summarize(store, device, targets)
     return result
-
-
-def _account(thr: Throughput, result: SweepResult, jit: Any, ahead: CompileAhead | None,
-             t0: float) -> None:
-    """Fill the run's throughput figures once it ended."""
-    thr.wall_s = time.monotonic() - t0
-    thr.candidates = result.measured
-    if jit is not None:
-        thr.jit_compiled, thr.jit_compile_s = jit.compiled, jit.seconds
-        thr.jit_loaded = jit.cache_hits
-        thr.gpu_s = max(0.0, thr.gpu_s - jit.seconds)  # the JIT compiled inside verify
-    if ahead is not None:
-        thr.describe_s, thr.wait_s = ahead.stats.describe_s, ahead.stats.wait_s
-        pool = ahead.pool.stats()
-        thr.pool = pool.as_dict() if pool is not None else None
-
-
-def _rejected_by_compiler(spec: Op, cfg: OpConfig, role: Role, source_hash: str,
-                          key_data: dict[str, Any], error: str | None) -> MeasurementIn:
-    """The row of a candidate the compile pool's compiler rejected (never launched)."""
-    return MeasurementIn(
-        op=spec.name, key=key_data, config=cfg.model_dump(mode="json"),
-        source_hash=source_hash, status="infeasible", verified=False,
-        is_heuristic=role == "heuristic", is_baseline=role == "baseline", error=error)
 
 
 def _measure(spec: Op, key: Any, cfg: OpConfig, role: Role, ref: Any, tdev: Any,

@@ -7,6 +7,7 @@ workers merges them and adds the pool's own figures (:meth:`Throughput.merge`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -45,6 +46,16 @@ class Throughput:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def finish(self, t0: float, candidates: int, jit: Any) -> None:
+        """Close the figures of a run that started at ``t0`` (``time.monotonic``), with its
+        JIT's :class:`~kdispatch.tuning.precompile.CompileCounts` (or None)."""
+        self.wall_s = time.monotonic() - t0
+        self.candidates = candidates
+        if jit is not None:
+            self.jit_compiled, self.jit_compile_s = jit.compiled, jit.seconds
+            self.jit_loaded = jit.cache_hits
+            self.gpu_s = max(0.0, self.gpu_s - jit.seconds)  # the JIT compiled inside verify
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Throughput:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import time
 
+import fakeops
 import triton
 import triton.language as tl
 
-import fakeops
 from kdispatch.launching import KernelLaunch
 from kdispatch.registry import register
 from kdispatch.tuning.ahead import CompileSettings
@@ -58,7 +58,7 @@ def _block(spec: LaunchSpec) -> int:
     return int(dict(spec.constexprs)["BLOCK"])
 
 
-def compile(spec: LaunchSpec) -> Outcome:  # noqa: A001 - the pool calls it by this name
+def compile(spec: LaunchSpec) -> Outcome:
     """The fake compiler (see the module docstring)."""
     block = _block(spec)
     log = os.environ.get("KD_FAKE_COMPILE_LOG")
