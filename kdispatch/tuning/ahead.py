@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 #: how often a waiting sweep reports progress
 POLL_S = 0.25
+#: a candidate waits at most this long for its kernels; then its launch compiles them (a
+#: kernel takes seconds to compile: only a pool that lost an item waits this long)
+STALL_S = 900.0
 
 
 class Pool(Protocol):
@@ -207,21 +210,30 @@ class CompileAhead:
             if left is not None and left <= 0:
                 self.stats.wait_s += time.monotonic() - t0
                 return Ready("budget")
+            if time.monotonic() - t0 > STALL_S:
+                log.warning("waited %.0f s for %d kernels of one candidate; compiling them "
+                            "at launch", STALL_S, len(set(ids)) - len(got))
+                break
             got = self.pool.wait(ids, timeout=POLL_S if left is None else min(POLL_S, left))
             if on_wait is not None and len(got) < len(set(ids)):
                 on_wait()
         self.stats.wait_s += time.monotonic() - t0
         for vid in ids:
-            o = got[vid]
-            if o.status == "failed" and o.infeasible:
+            o = got.get(vid)
+            if o is not None and o.status == "failed" and o.infeasible:
                 self.stats.infeasible += 1
                 return Ready("infeasible", o.error)
         return Ready("go")
 
     def account(self, thr: Throughput) -> None:
-        """Add this side's figures (and a local pool's) to a run's :class:`Throughput`."""
+        """Add this side's figures (and a local pool's) to a run's :class:`Throughput`;
+        warn about kernels the timing process had to compile itself after all."""
         if self.pool is None:
             return
+        if thr.jit_compiled:
+            log.warning("the JIT compiled %d kernels the compile pool had not (%s): their "
+                        "launches were not described, not compiled, or specialized "
+                        "differently", thr.jit_compiled, ", ".join(thr.jit_names[:5]))
         thr.describe_s, thr.wait_s = self.stats.describe_s, self.stats.wait_s
         pool = self.pool.stats()
         thr.pool = pool.as_dict() if pool is not None else None

@@ -8,7 +8,7 @@ workers merges them and adds the pool's own figures (:meth:`Throughput.merge`).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -32,6 +32,8 @@ class Throughput:
         Describing candidates for the pool; waiting for it before a candidate.
     pool : dict or None
         :class:`~kdispatch.tuning.compile_pool.PoolStats` of the pool, when one ran.
+    jit_names : list of str
+        The kernels the timing process compiled itself (the first 20).
     """
 
     wall_s: float = 0.0
@@ -43,6 +45,7 @@ class Throughput:
     describe_s: float = 0.0
     wait_s: float = 0.0
     pool: dict[str, Any] | None = None
+    jit_names: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,7 +57,7 @@ class Throughput:
         self.candidates = candidates
         if jit is not None:
             self.jit_compiled, self.jit_compile_s = jit.compiled, jit.seconds
-            self.jit_loaded = jit.cache_hits
+            self.jit_loaded, self.jit_names = jit.cache_hits, jit.names[:20]
             self.gpu_s = max(0.0, self.gpu_s - jit.seconds)  # the JIT compiled inside verify
 
     @classmethod
@@ -74,6 +77,7 @@ class Throughput:
             out.jit_compiled += t.jit_compiled
             out.jit_compile_s += t.jit_compile_s
             out.jit_loaded += t.jit_loaded
+            out.jit_names = (out.jit_names + t.jit_names)[:20]
             out.describe_s = max(out.describe_s, t.describe_s)
             out.wait_s += t.wait_s
         return out

@@ -84,3 +84,20 @@ def compiled_blocks(log_path) -> list[int]:
     if not os.path.exists(log_path):
         return []
     return [int(line.split()[1]) for line in open(log_path).read().splitlines()]
+
+
+def tune_main(db: str) -> None:
+    """A tuner of the fake preset that compiles ahead with this fake compiler (a child
+    process of the kill and resume tests)."""
+    install()
+    from kdispatch.store import Store
+    from kdispatch.tuning import sweep
+    from kdispatch.tuning.ahead import open_pool
+
+    dev, tdev = sweep.resolve_device("cpu")
+    targets, _ = sweep.plan(dev, ["fake"])
+    store = Store(db)
+    with open_pool(SETTINGS, interpreter=True) as pool:
+        sweep.tune(targets, device=dev, torch_device=tdev, store=store, precompile=pool,
+                   target=TARGET)
+    store.dispose()
