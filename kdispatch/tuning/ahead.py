@@ -116,11 +116,8 @@ class Ready:
 class AheadStats:
     """The timing process's side of compiling ahead."""
 
-    kernels: int = 0            # kernel variants this sweep submitted
-    undescribed: int = 0        # candidates left to the JIT (no launches, not describable)
     describe_s: float = 0.0     # making inputs and describing launches
     wait_s: float = 0.0         # waiting for the pool before a candidate
-    infeasible: int = 0         # candidates the compiler rejected in the pool
 
 
 @dataclass
@@ -133,6 +130,7 @@ class CompileAhead:
     seed: int = 0
     stats: AheadStats = field(default_factory=AheadStats)
     _ids: dict[tuple[int, str], list[str]] = field(default_factory=dict)
+    _sent: set[str] = field(default_factory=set)
 
     @classmethod
     def for_run(cls, pool: Pool | None, target: Target | None, interpreter: bool,
@@ -163,37 +161,28 @@ class CompileAhead:
                 inputs = op.tuning.make_inputs(key, self.torch_device, self.seed)
             except Exception as exc:  # noqa: BLE001 - the sweep makes them again and reports
                 log.warning("%s: not compiling ahead (inputs: %s)", op.name, exc)
-                self.stats.undescribed += len(todo)
                 continue
-            items: list[tuple[str, LaunchSpec]] = []
+            fresh: dict[str, LaunchSpec] = {}
             for digest, cfg in todo:
-                ids = self._describe(op, cfg, inputs, items)
-                if ids:
-                    self._ids[(ki, digest)] = ids
-                else:
-                    self.stats.undescribed += 1
+                specs = self._describe(op, cfg, inputs)
+                if specs:
+                    self._ids[(ki, digest)] = [s.digest for s in specs]
+                    fresh.update((s.digest, s) for s in specs if s.digest not in self._sent)
             del inputs
-            fresh = {vid: spec for vid, spec in items}
-            self.stats.kernels += len(fresh)
+            self._sent |= set(fresh)
             self.pool.submit(list(fresh.items()))
         self.stats.describe_s += time.monotonic() - t0
 
-    def _describe(self, op: Any, cfg: Any, inputs: dict[str, Any],
-                  items: list[tuple[str, LaunchSpec]]) -> list[str]:
+    def _describe(self, op: Any, cfg: Any, inputs: dict[str, Any]) -> list[LaunchSpec]:
+        """The candidate's launches as specs; none when any of them cannot be described
+        (then its launch compiles them all, as without a pool)."""
         try:
             launches = op.tuning.launches(cfg, inputs)
         except Exception as exc:  # noqa: BLE001 - the same call fails in the sweep, visibly
             log.debug("%s %s: launches not described: %s", op.name, cfg, exc)
             return []
         specs = [describe(launch, self.target) for launch in launches]
-        if not specs or any(s is None for s in specs):
-            return []
-        out = []
-        for s in specs:
-            assert s is not None
-            items.append((s.digest, s))
-            out.append(s.digest)
-        return out
+        return [s for s in specs if s is not None] if None not in specs else []
 
     def ready(self, key_index: int, digest: str, deadline: float | None = None,
               on_wait: Callable[[], None] | None = None) -> Ready:
@@ -221,7 +210,6 @@ class CompileAhead:
         for vid in ids:
             o = got.get(vid)
             if o is not None and o.status == "failed" and o.infeasible:
-                self.stats.infeasible += 1
                 return Ready("infeasible", o.error)
         return Ready("go")
 

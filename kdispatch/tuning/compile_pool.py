@@ -138,7 +138,7 @@ class CompilePool:
         self._closed = False
         self._t_first: float | None = None
         self._t_last: float | None = None
-        self.stats_ = PoolStats(workers=workers)
+        self._stats = PoolStats(workers=workers)
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         for _ in range(workers):
             self._spawn()
@@ -164,9 +164,10 @@ class CompilePool:
                 if self._t_first is None:
                     self._t_first = time.monotonic()
                 self._specs[vid] = spec
-                self.stats_.submitted += 1
-                if self._broken is not None:
-                    self._finish(vid, Outcome("skipped", self._broken))
+                self._stats.submitted += 1
+                if self._broken is not None or self._closed:
+                    self._finish(vid, Outcome("skipped", self._broken or "the compile pool "
+                                              "was closed"))
                 else:
                     self._pending.append(vid)
         self._wake()
@@ -196,13 +197,9 @@ class CompilePool:
                     return got
                 self._cond.wait(timeout=1.0 if left is None else min(left, 1.0))
 
-    def outcome(self, vid: str) -> Outcome | None:
-        with self._cond:
-            return self._outcomes.get(vid)
-
     def stats(self) -> PoolStats:
         with self._cond:
-            s = PoolStats(**self.stats_.as_dict())
+            s = PoolStats(**self._stats.as_dict())
             if self._t_first is not None:
                 busy = len(self._outcomes) < len(self._specs)
                 end = time.monotonic() if busy or self._t_last is None else self._t_last
@@ -225,6 +222,9 @@ class CompilePool:
         self._wake()
         self._thread.join(timeout=10)
         for p in self._procs:
+            if not p.ready:  # still importing: nothing of value to wait for
+                p.process.terminate()
+                continue
             try:
                 p.conn.send(None)
             except (OSError, ValueError):
@@ -276,7 +276,7 @@ class CompilePool:
         """Record an outcome (lock held); :meth:`_drain` runs its callbacks."""
         self._outcomes[vid] = outcome
         self._t_last = time.monotonic()
-        s = self.stats_
+        s = self._stats
         if outcome.status == "compiled":
             s.compiled += 1
             s.cache_hits += outcome.cache_hit
@@ -372,7 +372,7 @@ class CompilePool:
                 reason = self._start_error or f"exit code {code}"
                 self._give_up(f"compile processes die at start ({reason})")
                 return
-        self.stats_.restarts += 1
+        self._stats.restarts += 1
         log.info("a compile process exited (code %s); starting another", code)
         self._spawn()
 

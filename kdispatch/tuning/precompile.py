@@ -129,8 +129,9 @@ def _arg(value: Any) -> Any:
 def describe(launch: Any, target: Target) -> LaunchSpec | None:
     """``launch`` (a :class:`~kdispatch.launching.KernelLaunch`) as a :class:`LaunchSpec`
     for ``target``, or None when it cannot be compiled elsewhere (a jit function defined in
-    a function or in ``__main__``, an argument that is neither a tensor nor a plain value):
-    the timing process then compiles it itself, as without a pool."""
+    a function or in ``__main__``, an argument that is neither a tensor nor a plain value,
+    arguments Triton cannot bind): the timing process then compiles it itself, as without a
+    pool."""
     path = _jit_path(launch.fn)
     if path is None:
         log.debug("not precompiled: %r is not importable by name", launch.fn)
@@ -144,7 +145,11 @@ def describe(launch: Any, target: Target) -> LaunchSpec | None:
         return None
     target = tuple(target)  # type: ignore[assignment]
     kwargs = {**dict(consts), **dict(opts)}
-    _, specialization, options = _bind(launch.fn, target, launch.args, kwargs)
+    try:
+        _, specialization, options = _bind(launch.fn, target, launch.args, kwargs)
+    except Exception as exc:  # noqa: BLE001 - the launch itself raises it, visibly
+        log.debug("not precompiled: %s: binding failed: %s", path, exc)
+        return None
     return LaunchSpec(path[0], path[1], args, consts, opts, target,
                       _variant(path, specialization, options, target))
 
