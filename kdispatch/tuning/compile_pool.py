@@ -70,7 +70,8 @@ def serve(conn: Any, compiler_path: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         compiler = load_compiler(compiler_path)
-        import triton.compiler  # noqa: F401 - warm the import before the first item
+        if compiler_path == DEFAULT_COMPILER:
+            import triton.compiler  # noqa: F401 - warm the import before the first item
     except BaseException as exc:  # noqa: BLE001 - reported to the owner, then exit
         conn.send(("dead", _one_line(exc)))
         return

@@ -1,36 +1,28 @@
-"""A test-only compiler for the compile pool, and the fake op with launches to compile.
+"""The fake op with a launch to compile ahead, for the compile pool's tests.
 
 ``AheadSpec`` is ``fakeops``' op (``tune_fake``) that also describes its launch: one
 ``fake_kernel`` launch whose ``BLOCK`` constexpr is the config's block, so every config is
-one kernel variant. :func:`compile` is a pool compiler driven by the environment:
-
-- ``KD_FAKE_COMPILE_LOG``: a file that gets ``pid block`` per compile;
-- ``KD_FAKE_COMPILE_SLEEP``: seconds each compile takes;
-- ``KD_FAKE_COMPILE_FAIL``: a block whose compile fails with a compile error (infeasible);
-- ``KD_FAKE_COMPILE_CRASH``: a block whose compile kills its process, every time;
-- ``KD_FAKE_COMPILE_DIE_ONCE``: ``block:marker-file``: the first compile of that block
-  kills its process (and creates the marker), later ones succeed.
-
-The fake target below stands in for a GPU: the interpreter has nothing to compile, so the
-sweep only compiles ahead when a target is given.
+one kernel variant. The pool compiles them with ``fakecompiler.compile`` (a module that
+imports nothing heavy, so pool processes start at once). The fake target stands in for a
+GPU: the interpreter has nothing to compile, so the sweep only compiles ahead when a target
+is given.
 """
 
 from __future__ import annotations
 
 import os
-import time
 
-import fakeops
 import triton
 import triton.language as tl
+
+import fakeops
 
 from kdispatch.launching import KernelLaunch
 from kdispatch.registry import register
 from kdispatch.tuning.ahead import CompileSettings
-from kdispatch.tuning.precompile import LaunchSpec, Outcome
 
 TARGET = ("cuda", 90, 32)
-COMPILER = "fakecompile:compile"
+COMPILER = "fakecompiler:compile"
 SETTINGS = CompileSettings(workers=2, compiler=COMPILER, target=TARGET)
 
 
@@ -52,31 +44,6 @@ class AheadSpec(fakeops.FakeSpec):
 def install() -> None:
     fakeops.install()
     register(AheadSpec(), replace=True)
-
-
-def _block(spec: LaunchSpec) -> int:
-    return int(dict(spec.constexprs)["BLOCK"])
-
-
-def compile(spec: LaunchSpec) -> Outcome:
-    """The fake compiler (see the module docstring)."""
-    block = _block(spec)
-    log = os.environ.get("KD_FAKE_COMPILE_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(f"{os.getpid()} {block}\n")
-    time.sleep(float(os.environ.get("KD_FAKE_COMPILE_SLEEP", "0") or 0))
-    if str(block) == os.environ.get("KD_FAKE_COMPILE_CRASH"):
-        os._exit(11)
-    once = os.environ.get("KD_FAKE_COMPILE_DIE_ONCE", "")
-    if once:
-        b, _, marker = once.partition(":")
-        if str(block) == b and not os.path.exists(marker):
-            open(marker, "w").close()
-            os._exit(9)
-    if str(block) == os.environ.get("KD_FAKE_COMPILE_FAIL"):
-        return Outcome("failed", "CompilationError: at 3:4: fake rejection", infeasible=True)
-    return Outcome("compiled", seconds=0.01)
 
 
 def compiled_blocks(log_path) -> list[int]:
