@@ -204,8 +204,8 @@ def markdown(result: dict) -> str:
                      f"{t.get('candidates', '-')} | {t.get('per_s', '-')} |")
     lines += ["", "```", json.dumps(result["verdicts"], indent=1), "```"]
     for name, rows in result.get("full_vs_capped", {}).items():
-        lines += ["", f"{name}: full search vs the best of {result['cap']} per key (same "
-                  "run)", "",
+        title = f"{name}: full search vs the best of {result['cap']} per key (same run)"
+        lines += ["", title, "",
                   "| op | key | full us | capped us | gain % | full / capped candidates |",
                   "|---|---|---|---|---|---|"]
         for row in rows:
