@@ -229,3 +229,55 @@ def test_cli_lists_preset_sizes_and_checks_its_new_options():
                 ["--compile-workers", "-1"]):
         r = CliRunner().invoke(main, ["tune", "--device", "cpu", "--preset", "fake", *bad])
         assert r.exit_code == 2 and len(r.output.strip().splitlines()[-1]) < 200, r.output
+
+
+class _Recorder:
+    """A pool that records what is submitted and answers every kernel as compiled."""
+
+    def __init__(self):
+        self.items = {}
+
+    def submit(self, items):
+        self.items.update(items)
+
+    def prioritize(self, ids):
+        pass
+
+    def wait(self, ids, timeout=None):
+        from kdispatch.tuning.precompile import Outcome
+
+        return {v: Outcome("compiled") for v in ids if v in self.items}
+
+    def stats(self):
+        return None
+
+
+def test_every_candidate_of_the_builtin_ops_is_described_for_the_pool():
+    """The built-in ops describe every candidate's launches (none left to the JIT but a
+    baseline without a kernel), and candidates of one op share kernels across keys."""
+    import torch
+
+    from kdispatch.registry import get_op
+    from kdispatch.tuning.ahead import CompileAhead
+    from kdispatch.tuning.plan import candidate_list
+    from kdispatch.store import digest
+
+    dev = Device.interpreter()
+    targets, _ = sweep.plan(dev, ["smoke"])
+    work, n = [], 0
+    for ki, t in enumerate(targets):
+        op = get_op(t.op)
+        key = op.parse_key(t.key)
+        todo = [(digest(c.model_dump(mode="json")), c) for c, _ in candidate_list(op, key)]
+        work.append((ki, op, key, todo))
+        n += len(todo)
+    pool = _Recorder()
+    ahead = CompileAhead(pool, fakecompile.TARGET, torch.device("cpu"))
+    ahead.submit(work)
+    left = [cfg for ki, _, _, todo in work for d, cfg in todo if not ahead._ids.get((ki, d))]
+    # only the KV write's indexed baseline launches no kernel (two torch assignments)
+    assert n > 40 and [getattr(c, "variant", None) for c in left] == ["indexed", "indexed"]
+    assert all(ahead.ready(ki, d).status == "go" for ki, _, _, todo in work for d, _ in todo)
+    assert 0 < len(pool.items) < n  # shared variants are submitted once
+    assert {s.module for s in pool.items.values()} >= {
+        "kdispatch.kernels.kv_write.kernel", "kdispatch.kernels.decode_attention.kernels"}
