@@ -92,6 +92,9 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
         raise click.BadParameter("needs --ray and a value >= 1", param_hint="--shards")
     if compile_workers is not None and compile_workers < 0:
         raise click.BadParameter("must be >= 0", param_hint="--compile-workers")
+    if compile_workers and ray_address is not None:
+        raise click.BadParameter("not with --ray (each task compiles its own kernels)",
+                                 param_hint="--compile-workers")
     cap, mode = _cap(max_candidates)
     with domain_errors():
         from kdispatch.tuning import parallel, sweep

@@ -226,7 +226,7 @@ def test_cli_lists_preset_sizes_and_checks_its_new_options():
     assert "llama3-8b" in r.output and "on nvidia-h200: 14 keys" in r.output
     assert "in the full valid space" in r.output
     for bad in (["--max-candidates", "0"], ["--max-candidates", "many"],
-                ["--compile-workers", "-1"]):
+                ["--compile-workers", "-1"], ["--compile-workers", "4", "--ray"]):
         r = CliRunner().invoke(main, ["tune", "--device", "cpu", "--preset", "fake", *bad])
         assert r.exit_code == 2 and len(r.output.strip().splitlines()[-1]) < 200, r.output
 
