@@ -38,13 +38,6 @@ def ahead_op():
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'tune.sqlite'}")
-    yield s
-    s.dispose()
-
-
-@pytest.fixture
 def clog(tmp_path, monkeypatch):
     path = tmp_path / "compiles.log"
     monkeypatch.setenv("KD_FAKE_COMPILE_LOG", str(path))
