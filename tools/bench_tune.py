@@ -55,7 +55,7 @@ THROUGHPUT = re.compile(
 
 def parse_throughput(text: str) -> dict | None:
     """The numbers of the tuner's last throughput line, or None."""
-    found = list(THROUGHPUT.finditer(text))
+    found = list(THROUGHPUT.finditer(" ".join(text.split())))  # a wrapped line too
     if not found:
         return None
     g = found[-1].groupdict()

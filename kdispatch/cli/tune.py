@@ -135,7 +135,7 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
         ui.console.print(_summary_table(result.summaries))
         ui.report(result.measured, result.skipped, f"run {result.run_id}",
                   result.stopped == "budget", budget_minutes)
-        ui.console.print(result.throughput.line(), highlight=False)
+        ui.console.print(result.throughput.line(), highlight=False, soft_wrap=True)
 
 
 def _cap(value: str | None) -> tuple[int | None, Any]:
@@ -288,7 +288,7 @@ class _Reporter:
             parts = [r.counts["throughput"] for r in results
                      if r.counts and "throughput" in r.counts]
             self.console.print(Throughput.merge(parts, self.wall_s, pool).line(),
-                               highlight=False)
+                               highlight=False, soft_wrap=True)
         failed = parallel.failure_message(results)
         if failed:
             raise click.ClickException(failed)
