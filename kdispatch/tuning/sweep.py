@@ -227,10 +227,10 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         total += len(todo)
         work.append((t, spec, key, todo, len(cands) - len(todo)))
 
+    ahead = CompileAhead.for_run(precompile, target, device.is_interpreter, torch_device, seed)
     result = SweepResult(device=device, run_id=None, summaries=[])
     result.run_id = store.start_run(device, hashes)
     thr = result.throughput
-    ahead = CompileAhead.for_run(precompile, target, device.is_interpreter, torch_device, seed)
     done = measured_here = 0
     measure_s = 0.0
     status = "failed"
