@@ -4,6 +4,13 @@ A job is one worker's device and key list; workers of one device group share a k
 and take keys on demand from a claim register (:func:`claimer`). :func:`run_local` runs
 one spawned process per job, all writing to one database, and gathers how each ended;
 :func:`run_shard` is the entry of a worker (processes and Ray tasks alike).
+
+Compiling ahead, the host has one compile pool, owned by the :func:`run_local` process:
+workers submit their candidates' kernels up their event queue and get the outcomes back on
+a queue of their own (:class:`~kdispatch.tuning.ahead.RemotePool`). The pool compiles each
+variant once whoever asked first, so two GPUs never compile one kernel twice and the CPU
+cores are shared by whichever GPU needs them now (a per-worker pool would split the cores
+in fixed halves and compile variants both workers need twice).
 """
 
 from __future__ import annotations
@@ -19,11 +26,15 @@ from typing import Any
 from kdispatch.device import Device
 from kdispatch.registry import get_op, register
 from kdispatch.tuning import sweep
+from kdispatch.tuning.ahead import CompileSettings, RemotePool, open_pool
+from kdispatch.tuning.compile_pool import PoolStats
 from kdispatch.tuning.plan import TuneTarget
 from kdispatch.tuning.sweep import KeySummary, Progress
 
 #: ``on_update(done, total, description)``: the aggregated progress of all workers
 UpdateFn = Callable[[int, "int | None", str], None]
+#: ``on_compile(stats)``: the host's compile pool, while it runs and once at the end
+CompileFn = Callable[[PoolStats], None]
 
 
 @dataclass(frozen=True)
@@ -151,7 +162,8 @@ def load_extra(extra: bytes) -> None:
 def run_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str,
               options: dict[str, Any], extra: bytes,
               progress: Callable[[Progress], None] | None = None,
-              claim: Callable[[int], bool] | None = None) -> dict[str, Any]:
+              claim: Callable[[int], bool] | None = None,
+              pool: Any = None) -> dict[str, Any]:
     """Register the shipped specs, then :func:`~kdispatch.tuning.sweep.tune_shard`.
 
     The interpreter is chosen before the specs are unpickled, so a spec module that
@@ -161,7 +173,7 @@ def run_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str,
         sweep.use_interpreter()
     load_extra(extra)
     return sweep.tune_shard(list(targets), device_name, db_url, progress=progress,
-                            claim=claim, **options)
+                            claim=claim, pool=pool, **options)
 
 
 def _describe(exc: BaseException) -> str:
@@ -170,15 +182,16 @@ def _describe(exc: BaseException) -> str:
 
 
 def _worker(job: Job, db_url: str, options: dict[str, Any], extra: bytes, events: Any,
-            claims: Any = None) -> None:
+            claims: Any = None, replies: Any = None) -> None:
     """Process entry (spawn): tune one shard, forwarding progress and the outcome."""
     def progress(p: Progress) -> None:
         events.put(("progress", job.index, p))
 
     claim = claimer(claims) if claims is not None else None
+    pool = RemotePool(events, replies, job.index) if replies is not None else None
     try:
         counts = run_shard(job.targets, job.device_name, db_url, options, extra, progress,
-                           claim)
+                           claim, pool)
     except KeyboardInterrupt:
         events.put(("failed", job.index, "interrupted"))
         raise SystemExit(130) from None
@@ -221,13 +234,17 @@ class _Board:
                     else per_group.get(j.group, 0) + t
             total = sum(per_group.values())
         running = len(self.jobs) - len(self.ended)
-        desc = f"{len(self.jobs)} workers, {running} running"
+        waiting = sum(p.phase == "compiling" for i, p in self.latest.items()
+                      if i not in self.ended)
+        desc = f"{len(self.jobs)} workers, {running} running" + (
+            f", {waiting} waiting for compiles" if waiting else "")
         self.on_update(done, total, desc)
 
 
 def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None = None,
               seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
-              ) -> list[WorkerResult]:
+              compile_settings: CompileSettings | None = None,
+              on_compile: CompileFn | None = None) -> list[WorkerResult]:
     """Run each job in its own spawned process and wait for all of them.
 
     Parameters
@@ -241,6 +258,10 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
     on_update : callable, optional
         ``on_update(done, total, description)`` with the candidates done over all workers
         (``total`` is None until every worker has planned).
+    compile_settings : CompileSettings, optional
+        Compile ahead in one pool for the host (this process owns it; see the module).
+    on_compile : callable, optional
+        ``on_compile(stats)`` with the pool's :class:`PoolStats` as it runs and at the end.
 
     Returns
     -------
@@ -248,20 +269,35 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
         One per job, in job order; a worker that died without a word (killed, crashed)
         gets an error naming its exit code.
     """
-    import multiprocessing as mp
-
     if not jobs:
         return []
+    options = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": mark_misses,
+               "compile_settings": compile_settings}
+    interpreter = all(j.device_name == "cpu" for j in jobs)
+    with open_pool(compile_settings, interpreter=interpreter,
+                   timing_processes=len(jobs)) as pool:
+        results = _run_processes(jobs, db_url, options, on_update, pool, on_compile)
+        if pool is not None and on_compile is not None:
+            on_compile(pool.stats())
+    return results
+
+
+def _run_processes(jobs: Sequence[Job], db_url: str, options: dict[str, Any],
+                   on_update: UpdateFn | None, pool: Any, on_compile: CompileFn | None,
+                   ) -> list[WorkerResult]:
+    import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
-    options = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": mark_misses}
     extra = extra_specs(t.op for j in jobs for t in j.targets)
     results = {j.index: WorkerResult(j.index, j.device_name) for j in jobs}
     board = _Board(jobs, on_update)
     sizes = {j.group: len(j.targets) for j in jobs if j.shared}  # one register per group
     claims = {g: ctx.Array("b", n) for g, n in sizes.items()}
+    replies = {j.index: ctx.Queue() for j in jobs} if pool is not None else {}
     procs = [ctx.Process(target=_worker, args=(j, db_url, options, extra, events,
-                                               claims.get(j.group) if j.shared else None),
+                                               claims.get(j.group) if j.shared else None,
+                                               replies.get(j.index)),
                          name=f"kdispatch-tune-{j.device_name}-{j.index}", daemon=False)
              for j in jobs]
 
@@ -275,15 +311,23 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
         elif kind == "failed":
             results[index].error = event[2]
             board.end(index)
+        elif kind == "compile":
+            pool.submit(event[2], on_done=lambda vid, o, q=replies[index]: q.put((vid, o)))
+        elif kind == "prioritize":
+            pool.prioritize(event[2])
 
     for p in procs:
         p.start()
+    shown = 0.0
     try:
         while any(p.is_alive() for p in procs):
             try:
                 handle(events.get(timeout=0.1))
             except queue_mod.Empty:
                 pass
+            if on_compile is not None and pool is not None and time.monotonic() > shown:
+                on_compile(pool.stats())
+                shown = time.monotonic() + 0.5
         # every worker has exited, so everything it put is in the pipe: drain it
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -301,6 +345,11 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
         for p in procs:
             p.join()
         events.close()
+        if pool is not None:
+            pool.close()  # before its reply queues: it may still answer a worker that ended
+        for q in replies.values():
+            q.cancel_join_thread()  # answers nobody will read must not block the exit
+            q.close()
     for job, p in zip(jobs, procs):
         r = results[job.index]
         if r.counts is None and r.error is None:

@@ -33,10 +33,12 @@ from typing import Any, Protocol
 
 from kdispatch.device import Device
 from kdispatch.tuning import sweep
+from kdispatch.tuning.ahead import CompileSettings
 from kdispatch.tuning.devices import TuningError, input_budget
-from kdispatch.tuning.jobs import (DeviceGroup, GroupRun, Job, UpdateFn, WorkerResult,
-                                   claimer, extra_specs, failure_message, make_jobs,
-                                   run_local, run_shard, totals)
+from kdispatch.tuning.estimate import SpaceRule
+from kdispatch.tuning.jobs import (CompileFn, DeviceGroup, GroupRun, Job, UpdateFn,
+                                   WorkerResult, claimer, extra_specs, failure_message,
+                                   make_jobs, run_local, run_shard, totals)
 from kdispatch.tuning.plan import TuneTarget, plan, plan_defaults, plan_misses
 
 __all__ = ["DeviceGroup", "GroupRun", "Job", "Reporter", "UpdateFn", "WorkerResult",
@@ -143,16 +145,19 @@ def group_devices(named: Sequence[tuple[str, Device]]) -> list[DeviceGroup]:
 # -- planning ----------------------------------------------------------------------------------
 def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequence[str] | None,
                  *, from_misses: bool = False, max_candidates: int | None = None,
-                 max_input_bytes: int | None = None) -> tuple[list[TuneTarget], list[str]]:
+                 max_input_bytes: int | None = None, space: SpaceRule | None = None,
+                 ) -> tuple[list[TuneTarget], list[str]]:
     """The keys to tune on ``device``: the presets' keys (or, with ``ops`` and no preset,
     the ops' own default keys), plus recorded misses if asked.
 
     Returns
     -------
     targets : list of TuneTarget
-        Deduplicated; each carries ``max_candidates`` when given.
+        Deduplicated; each carries ``max_candidates`` when given, else the preset's cap
+        unless ``space`` lifts it (:class:`~kdispatch.tuning.estimate.SpaceRule`).
     notes : list of str
-        Entries skipped, as :func:`kdispatch.tuning.plan.plan` reports them.
+        Entries skipped, as :func:`kdispatch.tuning.plan.plan` reports them, and the
+        ``space`` rule's choice.
     """
     if presets:
         targets, notes = plan(device, presets, ops or None)
@@ -168,12 +173,17 @@ def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequen
         notes += miss_notes
     if max_candidates is not None:
         targets = [dataclasses.replace(t, max_candidates=max_candidates) for t in targets]
+    elif space is not None:
+        targets, note = space.apply(targets, interpreter=device.is_interpreter)
+        if note:
+            notes = notes + [note]
     return targets, notes
 
 
 def tune_local(runs: Sequence[GroupRun], store: Any, *, budget_minutes: float | None = None,
                seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
-               ) -> list[WorkerResult]:
+               compile_settings: CompileSettings | None = None,
+               on_compile: CompileFn | None = None) -> list[WorkerResult]:
     """Hand every group's keys to its devices, run the workers, then summarize.
 
     Each :class:`GroupRun` gets ``summaries`` read back from the database
@@ -187,7 +197,8 @@ def tune_local(runs: Sequence[GroupRun], store: Any, *, budget_minutes: float | 
     """
     jobs = make_jobs(runs)
     results = run_local(jobs, store.url, budget_minutes=budget_minutes, seed=seed,
-                        mark_misses=mark_misses, on_update=on_update)
+                        mark_misses=mark_misses, on_update=on_update,
+                        compile_settings=compile_settings, on_compile=on_compile)
     for run in runs:
         run.summaries = sweep.summarize(store, run.group.device, run.targets)
     return results
@@ -203,6 +214,9 @@ class Reporter(Protocol):
     def progress(self) -> AbstractContextManager[UpdateFn]:
         """A context yielding ``on_update(done, total, description)``."""
 
+    def compiling(self, stats: Any) -> None:
+        """Show the host compile pool's :class:`~kdispatch.tuning.compile_pool.PoolStats`."""
+
 
 def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[str, Any],
                  ui: Reporter) -> tuple[list[GroupRun], list[WorkerResult]]:
@@ -216,9 +230,11 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
         The database every worker writes to.
     plan : dict
         Keyword arguments of :func:`plan_targets` (``presets``, ``ops``, ``from_misses``,
-        ``max_candidates``).
+        ``max_candidates``, ``space``: its ``gpus`` and ``compile_workers`` are set here for
+        each device group).
     run : dict
-        ``budget_minutes``, ``seed`` and ``mark_misses`` for every worker.
+        ``budget_minutes``, ``seed``, ``mark_misses`` and ``compile_settings`` for every
+        worker.
     ui : Reporter
         Shows the plan and the aggregated progress.
 
@@ -231,15 +247,22 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
     """
     names = parse_devices(device_spec)
     groups = group_devices([(n, device_for(n)) for n in names])
+    settings = run.get("compile_settings")
     runs = []
     for g in groups:
+        kw = dict(plan)
+        if kw.get("space") is not None:
+            workers = settings.workers_for(len(names), g.device.is_interpreter) \
+                if settings is not None else 0
+            kw["space"] = dataclasses.replace(kw["space"], gpus=len(g.names),
+                                              compile_workers=workers)
         budget = input_budget("cpu" if g.names[0] == "cpu" else g.names[0])
-        targets, notes = plan_targets(store, g.device, **plan, max_input_bytes=budget)
+        targets, notes = plan_targets(store, g.device, **kw, max_input_bytes=budget)
         where = f"; {len(g.names)} workers: {', '.join(g.names)}"
         if ui.announce(g.device, targets, notes, store, plan.get("from_misses", False), where):
             runs.append(GroupRun(g, targets, notes))
     if not runs:
         return [], []
     with ui.progress() as on_update:
-        results = tune_local(runs, store, on_update=on_update, **run)
+        results = tune_local(runs, store, on_update=on_update, on_compile=ui.compiling, **run)
     return runs, results

@@ -25,10 +25,14 @@ from kdispatch.device import Device
 from kdispatch.opdef import Op, OpConfig
 from kdispatch.registry import get_op
 from kdispatch.store import MeasurementIn, Store, digest
+from kdispatch.tuning.ahead import (CompileAhead, CompileSettings, Pool, open_pool,
+                                    rejected_row)
 from kdispatch.tuning.devices import (TuningError, check_kernel_mode, resolve_device,
                                       use_interpreter)
 from kdispatch.tuning.plan import (Role, TuneTarget, candidate_list, plan, plan_misses, shard,
                                    tunable_ops)
+from kdispatch.tuning.precompile import CompileCounts, Target
+from kdispatch.tuning.throughput import Throughput
 from kdispatch.tuning.timing import Timing, time_call
 from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
 
@@ -56,6 +60,8 @@ class Progress:
     elapsed_s: float
     eta_s: float | None
     last: str = ""
+    #: "timing", or "compiling" while the candidate's kernels are still in the compile pool
+    phase: str = "timing"
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class SweepResult:
     stopped: str | None = None  # "budget" when the budget ran out
     notes: list[str] = field(default_factory=list)
     keys: int = 0  # keys this call took (all of them, unless ``claim`` gave some elsewhere)
+    throughput: Throughput = field(default_factory=Throughput)
 
 
 # -- tuning ------------------------------------------------------------------------------------
@@ -152,7 +159,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
          budget_minutes: float | None = None,
          progress: Callable[[Progress], None] | None = None, seed: int = 0,
          mark_misses: bool = False, reps: int | None = None,
-         claim: Callable[[int], bool] | None = None) -> SweepResult:
+         claim: Callable[[int], bool] | None = None, precompile: Pool | None = None,
+         target: Target | None = None) -> SweepResult:
     """Tune ``targets`` on one device, committing each measurement as it completes.
 
     Parameters
@@ -180,6 +188,10 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         ``claim(i)`` is asked before key ``i`` of ``targets`` starts; False means another
         worker took it, and it is skipped. Workers sharing one claim register and one target
         list take keys on demand, so a worker that drew cheap keys takes more of them.
+    precompile, target : Pool, tuple, optional
+        A compile pool and what it compiles for (default: this GPU; the interpreter has
+        nothing to compile): every candidate's kernels are compiled ahead in it, and a
+        compiler rejection is infeasible without a launch (:mod:`kdispatch.tuning.ahead`).
 
     Returns
     -------
@@ -215,24 +227,29 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         total += len(todo)
         work.append((t, spec, key, todo, len(cands) - len(todo)))
 
+    ahead = CompileAhead.for_run(precompile, target, device.is_interpreter, torch_device, seed)
     result = SweepResult(device=device, run_id=None, summaries=[])
     result.run_id = store.start_run(device, hashes)
+    thr = result.throughput
     done = measured_here = 0
     measure_s = 0.0
     status = "failed"
+    jit = CompileCounts().start()
     try:
+        ahead.submit((ki, w[1], w[2], [(_config_digest(c), c) for c, _ in w[3]])
+                     for ki, w in enumerate(work))
         for ki, (t, spec, key, todo, measured_before) in enumerate(work):
             if claim is not None and not claim(ki):
                 continue
             result.keys += 1
             result.skipped += measured_before
 
-            def report(last: str = "") -> None:
+            def report(last: str = "", phase: str = "timing") -> None:
                 if progress is None:
                     return
                 eta = measure_s / measured_here * (total - done) if measured_here else None
                 progress(Progress(t.op, t.key, ki, len(work), done, total,
-                                  time.monotonic() - t0, eta, last))
+                                  time.monotonic() - t0, eta, last, phase))
 
             report()
             complete = True
@@ -242,18 +259,28 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     result.stopped = "budget"
                     complete = False
                     break
+                ready = ahead.ready(ki, _config_digest(cfg), deadline,
+                                    lambda: report(phase="compiling"))
+                if ready.status == "budget":
+                    result.stopped = "budget"
+                    complete = False
+                    break
                 if _config_digest(cfg) in store.measured_configs(t.op, t.key, hashes[t.op]):
                     result.skipped += 1  # another tuner measured it meanwhile
                     done += 1
                     report("measured elsewhere")
                     continue
                 c0 = time.monotonic()
-                if ref is None:
-                    ref_inputs = spec.tuning.make_inputs(key, torch_device, seed)
-                    ref = spec.tuning.reference(ref_inputs)
-                    del ref_inputs
-                m = _measure(spec, key, cfg, role, ref, torch_device, seed, reps,
-                             hashes[t.op], t.key)
+                if ready.status == "infeasible":
+                    m = rejected_row(spec.name, cfg, role, hashes[t.op], t.key, ready.error)
+                else:
+                    if ref is None:
+                        ref_inputs = spec.tuning.make_inputs(key, torch_device, seed)
+                        ref = spec.tuning.reference(ref_inputs)
+                        del ref_inputs
+                    m = _measure(spec, key, cfg, role, ref, torch_device, seed, reps,
+                                 hashes[t.op], t.key)
+                    thr.gpu_s += time.monotonic() - c0
                 if store.record(m, result.run_id):
                     result.measured += 1
                 else:
@@ -274,6 +301,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         raise
     finally:
         store.finish_run(result.run_id, status)
+        thr.finish(t0, result.measured, jit.stop())
+        ahead.account(thr)
     result.summaries = summarize(store, device, targets)
     return result
 
@@ -340,21 +369,30 @@ def tune_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str, *,
                budget_minutes: float | None = None, seed: int = 0,
                mark_misses: bool = False,
                progress: Callable[[Progress], None] | None = None,
-               claim: Callable[[int], bool] | None = None) -> dict[str, Any]:
+               claim: Callable[[int], bool] | None = None,
+               compile_settings: CompileSettings | None = None,
+               pool: Pool | None = None) -> dict[str, Any]:
     """Worker entry for one shard: its own device and store handle, the shared database.
 
     Picklable arguments only, so it runs under ``multiprocessing`` (spawn) or as a Ray task.
     Returns plain counts; read the summary with :func:`summarize` once all shards end.
     ``progress`` is called in the worker (e.g. to forward events to a queue); ``claim`` as
-    in :func:`tune` (keys handed out on demand among local workers).
+    in :func:`tune` (keys handed out on demand among local workers). ``pool`` is the host's
+    compile pool (a :class:`~kdispatch.tuning.ahead.RemotePool`); without one,
+    ``compile_settings`` start a pool of this worker's own.
     """
     device, tdev = resolve_device(device_name)
     store = Store(db_url)
+    target = compile_settings.target if compile_settings is not None else None
     try:
-        res = tune(targets, device=device, torch_device=tdev, store=store,
-                   budget_minutes=budget_minutes, seed=seed, mark_misses=mark_misses,
-                   progress=progress, claim=claim)
+        with open_pool(None if pool is not None else compile_settings,
+                       interpreter=device.is_interpreter) as own:
+            res = tune(targets, device=device, torch_device=tdev, store=store,
+                       budget_minutes=budget_minutes, seed=seed, mark_misses=mark_misses,
+                       progress=progress, claim=claim, precompile=pool or own,
+                       target=target)
     finally:
         store.dispose()
     return {"device": device.key, "run_id": res.run_id, "measured": res.measured,
-            "skipped": res.skipped, "stopped": res.stopped, "keys": res.keys}
+            "skipped": res.skipped, "stopped": res.stopped, "keys": res.keys,
+            "throughput": res.throughput.as_dict()}

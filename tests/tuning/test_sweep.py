@@ -27,13 +27,6 @@ def fake_op():
     fakeops.uninstall()
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'tune.sqlite'}")
-    yield s
-    s.dispose()
-
-
 def _tune(store, **kw):
     dev, tdev = sweep.resolve_device("cpu")
     targets, notes = sweep.plan(dev, ["fake"])
