@@ -80,9 +80,11 @@ if has bench; then
     --min-run "$(cat "$STATE/first_run" 2>/dev/null || echo 0)" --json "$OUT/tuning.json" \
     --md "$OUT/tuning.md" 2>&1 | tail -5 | tee -a "$LOG"
   step "example ops on the H200"
+  # the package is not installed here (no entry points): import it, then run the CLI
   EXDB="$STATE/example.sqlite"
-  python3 -m kdispatch.cli tune --device cuda:0 --op example.rmsnorm,example.softmax --db "$EXDB" 2>&1 | tail -3 | tee -a "$LOG"
-  python3 -m kdispatch.cli export --device nvidia-h200 --op example.rmsnorm,example.softmax \
+  excli() { python3 -c "import sys, kdispatch_example_ops; from kdispatch.cli import main; main(sys.argv[1:], prog_name='kdispatch')" "$@"; }
+  excli tune --device cuda:0 --op example.rmsnorm,example.softmax --db "$EXDB" 2>&1 | tail -3 | tee -a "$LOG"
+  excli export --device nvidia-h200 --op example.rmsnorm,example.softmax \
     -o "$OUT/example-nvidia-h200.json" --db "$EXDB" 2>&1 | tee -a "$LOG"
 fi
 ls -la "$OUT" | tee -a "$LOG"
