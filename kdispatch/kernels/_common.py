@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from kdispatch.dtypes import FP8_MAX
+
 
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``).
@@ -73,6 +75,28 @@ def tensor_sig(t: Any) -> tuple[Any, ...] | None:
 
 
 FP8_TORCH_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | None,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """``x / scale`` computed in fp32, saturated to the format's range, rounded to ``dtype``:
+    what an fp8 cache stores (the writer's specification, and how tests build fp8 caches).
+
+    Parameters
+    ----------
+    x : Tensor (float32, float16 or bfloat16)
+    scale : one-element float32 Tensor, or None (1.0)
+    dtype : torch.float8_e4m3fn or torch.float8_e4m3fnuz
+
+    Returns
+    -------
+    Tensor of ``dtype`` shaped like ``x``. NaN stays NaN; +-inf saturate.
+    """
+    y = x.float()
+    if scale is not None:
+        y = y / scale.float().reshape(())
+    fmax = FP8_MAX[str(dtype).removeprefix("torch.")]
+    return y.clamp(-fmax, fmax).to(dtype)
 
 
 @functools.lru_cache(maxsize=None)

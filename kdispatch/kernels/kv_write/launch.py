@@ -19,10 +19,9 @@ import triton
 
 from kdispatch import dispatcher as _dispatch
 from kdispatch.dtypes import FP8_MAX
-from kdispatch.kernels._common import interpreting, supports_pdl, tensor_sig
+from kdispatch.kernels._common import interpreting, quantize_fp8, supports_pdl, tensor_sig
 from kdispatch.kernels.kv_write.checks import check_inputs
 from kdispatch.kernels.kv_write.kernel import _kv_write_kernel
-from kdispatch.kernels.kv_write.reference import quantize_fp8
 from kdispatch.kernels.kv_write.spec import KVWriteConfig
 from kdispatch.launching import (KernelLaunch, direct_launch_enabled, hooks_installed,
                                  make_direct, raw_stream)

@@ -4,29 +4,7 @@ from __future__ import annotations
 
 import torch
 
-#: largest finite value of each fp8 cache dtype (quantization saturates to it)
-_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
-
-
-def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | None,
-                 dtype: torch.dtype) -> torch.Tensor:
-    """``x / scale`` computed in fp32, saturated to the format's range, rounded to ``dtype``.
-
-    Parameters
-    ----------
-    x : Tensor (float32, float16 or bfloat16)
-    scale : one-element float32 Tensor, or None (1.0)
-    dtype : torch.float8_e4m3fn or torch.float8_e4m3fnuz
-
-    Returns
-    -------
-    Tensor of ``dtype`` shaped like ``x``. NaN stays NaN; +-inf saturate.
-    """
-    y = x.float()
-    if scale is not None:
-        y = y / scale.float().reshape(())
-    fmax = _FP8_MAX[dtype]
-    return y.clamp(-fmax, fmax).to(dtype)
+from kdispatch.kernels._common import FP8_TORCH_DTYPES, quantize_fp8
 
 
 def reference_kv_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -40,7 +18,8 @@ def reference_kv_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.
 
     Same arguments as :func:`~kdispatch.kernels.kv_write.launch.launch_kv_write`; nothing
     passed in is modified. It reads device values (a specification, not a graph-safe path).
-    Into an fp8 cache the rows are :func:`quantize_fp8`'d first, so the pools hold the
+    Into an fp8 cache the rows are quantized first
+    (:func:`~kdispatch.kernels._common.quantize_fp8`), so the pools hold the
     stored fp8 values (not dequantized: the comparison is bit for bit).
 
     Returns
@@ -62,7 +41,7 @@ def reference_kv_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.
     chosen = slots[rows]
     blocks, offsets = chosen // page_size, chosen % page_size
     k_rows, v_rows = key.detach()[rows], value.detach()[rows]
-    if key_cache.dtype in _FP8_MAX:
+    if key_cache.dtype in FP8_TORCH_DTYPES:
         k_rows = quantize_fp8(k_rows, k_scale, key_cache.dtype)
         v_rows = quantize_fp8(v_rows, v_scale, value_cache.dtype)
     k_pool[blocks, offsets] = k_rows.to(torch.float32)
