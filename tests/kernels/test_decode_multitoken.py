@@ -123,7 +123,7 @@ def test_sliding_window_and_logit_cap_per_token(dev, window, cap):
 
 def test_strided_q_and_out(dev):
     g = torch.Generator().manual_seed(7)
-    b, q_len, hq, hk, d = 2, 3, 4, 2, 32
+    b, q_len, hq, d = 2, 3, 4, 32
     args = make_case(dev, q_len=q_len, lens=[20, 45], seed=7)
     big = torch.randn(b, q_len + 1, hq + 2, d, generator=g).to(dev)
     q = big[:, 1:, 2:]  # token and head strides that are not the contiguous ones

@@ -164,9 +164,11 @@ class DecodeTuning(OpTuning):
 
     def preset_args(self, model: Any) -> list[dict[str, Any]]:
         """One decode key per (batch, context) pair of the model, with its own cache dtype
-        and, for a bf16 model, an fp8 cache (bf16 q); MLA models (latent head dims) also
-        with two query tokens per request (multi-token prediction), in both cache dtypes."""
-        kv_dtypes = [model.dtype] + ([PRESET_FP8] if model.dtype == "bfloat16" else [])
+        and, for a bf16 model with ``fp8_kv``, an fp8 cache (bf16 q); MLA models (latent
+        head dims) also with two query tokens per request (multi-token prediction), in
+        every cache dtype."""
+        fp8 = model.fp8_kv and model.dtype == "bfloat16"
+        kv_dtypes = [model.dtype] + ([PRESET_FP8] if fp8 else [])
         dv = model.head_dim_v or model.head_dim
         mla = model.num_kv_heads == 1 and dv < model.head_dim
         out = []

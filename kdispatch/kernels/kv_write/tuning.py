@@ -132,8 +132,10 @@ class KVWriteTuning(OpTuning):
 
     def preset_args(self, model: Any) -> list[dict[str, Any]]:
         """One write per token count of the model (its KV heads; the latent for MLA) into
-        a cache of the model's dtype and, for a bf16 model, into an fp8 cache."""
-        kv_dtypes = [model.dtype] + ([PRESET_FP8] if model.dtype == "bfloat16" else [])
+        a cache of the model's dtype and, for a bf16 model with ``fp8_kv``, into an fp8
+        cache."""
+        fp8 = model.fp8_kv and model.dtype == "bfloat16"
+        kv_dtypes = [model.dtype] + ([PRESET_FP8] if fp8 else [])
         return [{"tokens": t, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
                  "page_size": model.page_size, "dtype": model.dtype, "kv_dtype": kv}
                 for kv in kv_dtypes for t in model.write_tokens]
