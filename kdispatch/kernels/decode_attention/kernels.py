@@ -23,9 +23,13 @@ ones). Splits cut the request's whole live range; each row masks what its token 
 see, and a row that sees nothing in a split stores a partial of weight zero.
 
 fp8 caches (``KV_FP8``): tiles are loaded as fp8 (half the bytes of bf16) and converted in
-registers to q's dtype (fp32 when interpreting), so the dots stay bf16 tensor-core dots
-on the GPU. With ``KV_SCALED`` the per-tensor scales are read by the kernel: ``k_scale``
-is folded into the score scale and ``v_scale`` into the final normalization.
+registers. With a bf16 or fp16 q the dots run in fp16 (``F16_DOTS``; q converted once per
+program, saturating at +-65504): fp8 -> fp16 is exact and one packed conversion per two
+values on sm_90, while fp8 -> bf16 adds a per-value fp16 -> bf16 conversion that would
+bound the kernel below the fp8 read rate; fp16 also keeps 3 more mantissa bits of P than
+bf16. With an fp32 q the tiles become fp32. With ``KV_SCALED`` the per-tensor scales are
+read by the kernel: ``k_scale`` is folded into the score scale and ``v_scale`` into the
+final normalization.
 
 With ``USE_PDL`` the reduce is a programmatic dependent launch: stage 1 lets it launch at
 once, and it reads the request's length and sets up before ``griddepcontrol.wait``, which
@@ -109,6 +113,19 @@ def _visible(s, offs_n, n_mask, row_end, row_lo, QLEN: tl.constexpr, SLIDING: tl
 
 
 @triton.jit
+def _dot_operand(x, UPCAST: tl.constexpr, F16_DOTS: tl.constexpr):
+    """A q tile as a dot operand: fp16 for an fp8 cache (saturating), fp32 when the
+    interpreter must not do bf16 arithmetic, else as loaded."""
+    if F16_DOTS:
+        y = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    elif UPCAST:
+        y = x.to(tl.float32)
+    else:
+        y = x
+    return y
+
+
+@triton.jit
 def _scores_scale(s, qk_scale, cap, LOGIT_CAP: tl.constexpr):
     """Scores in log2 units: ``s * qk_scale``, or ``cap * tanh(s * scale / cap) * log2(e)``."""
     if LOGIT_CAP:
@@ -176,6 +193,7 @@ def _decode_stage1(
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     QLEN: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALED: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
         tl.extra.cuda.gdc_launch_dependents()
@@ -195,15 +213,13 @@ def _decode_stage1(
 
     q = tl.load(Q + q_off[:, None] + offs_d[None, :], mask=r_mask[:, None] & d_mask[None, :],
                 other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = _dot_operand(q, UPCAST, F16_DOTS)
     if BLOCK_DPE > 0:
         offs_pe = tl.arange(0, BLOCK_DPE)
         pe_mask = offs_pe < DPE
         q_pe = tl.load(Q + q_off[:, None] + DV + offs_pe[None, :],
                        mask=r_mask[:, None] & pe_mask[None, :], other=0.0)
-        if UPCAST:
-            q_pe = q_pe.to(tl.float32)
+        q_pe = _dot_operand(q_pe, UPCAST, F16_DOTS)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -228,18 +244,14 @@ def _decode_stage1(
         k_rows = page64 * stride_kb + in_page * stride_kp + k_head
         k = tl.load(K + k_rows[:, None] + offs_d[None, :],
                     mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        elif KV_FP8:  # dequantize in registers; the dots stay in q's dtype
-            k = k.to(Q.dtype.element_ty)
+        if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized)
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if BLOCK_DPE > 0:
             k_pe = tl.load(K + k_rows[:, None] + DV + offs_pe[None, :],
                            mask=n_mask[:, None] & pe_mask[None, :], other=0.0)
-            if UPCAST:
-                k_pe = k_pe.to(tl.float32)
-            elif KV_FP8:
-                k_pe = k_pe.to(Q.dtype.element_ty)
+            if UPCAST or KV_FP8:
+                k_pe = k_pe.to(q.dtype)
             s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
         s = _visible(s, offs_n, n_mask, row_end, row_lo, QLEN, SLIDING)
@@ -255,10 +267,8 @@ def _decode_stage1(
             v_rows = page64 * stride_vb + in_page * stride_vp + v_head
             v = tl.load(V + v_rows[:, None] + offs_d[None, :],
                         mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-            if UPCAST:
-                v = v.to(tl.float32)
-            elif KV_FP8:
-                v = v.to(Q.dtype.element_ty)
+            if UPCAST or KV_FP8:
+                v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
         page = page_next

@@ -6,13 +6,15 @@ The same work as :func:`~kdispatch.kernels.decode_attention.kernels._decode_stag
 per request (``QLEN``: speculative decoding, multi-token prediction) every latent tile
 feeds ``QLEN x heads`` rows of the dots -- what makes MLA with MTP compute-bound rather
 than reading the latent once per token. fp8 latents (``KV_FP8``) are loaded as fp8 and
-converted to q's dtype in registers; their scales are read by the kernel.
+converted in registers (to fp16 for fp16 dots, ``F16_DOTS``); their scales are read by
+the kernel.
 """
 
 import triton
 import triton.language as tl
 
 from kdispatch.kernels.decode_attention.kernels import (
+    _dot_operand,
     _merge_if_last,
     _scores_scale,
     _split_range,
@@ -38,6 +40,7 @@ def _decode_stage1_latent(
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     QLEN: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALED: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     """Stage 1 for a shared latent (``SHARED_KV``) with ``DV == BLOCK_D``: the latent as halves.
 
@@ -64,18 +67,16 @@ def _decode_stage1_latent(
         qk_scale = qk_scale * tl.load(KS)
 
     q_row = Q + q_off[:, None]
-    q0 = tl.load(q_row + offs_c[None, :], mask=r_mask[:, None], other=0.0)
-    q1 = tl.load(q_row + HALF + offs_c[None, :], mask=r_mask[:, None], other=0.0)
-    if UPCAST:
-        q0 = q0.to(tl.float32)
-        q1 = q1.to(tl.float32)
+    q0 = _dot_operand(tl.load(q_row + offs_c[None, :], mask=r_mask[:, None], other=0.0),
+                      UPCAST, F16_DOTS)
+    q1 = _dot_operand(tl.load(q_row + HALF + offs_c[None, :], mask=r_mask[:, None], other=0.0),
+                      UPCAST, F16_DOTS)
     if BLOCK_DPE > 0:
         offs_pe = tl.arange(0, BLOCK_DPE)
         pe_mask = offs_pe < DPE
         q_pe = tl.load(q_row + DV + offs_pe[None, :], mask=r_mask[:, None] & pe_mask[None, :],
                        other=0.0)
-        if UPCAST:
-            q_pe = q_pe.to(tl.float32)
+        q_pe = _dot_operand(q_pe, UPCAST, F16_DOTS)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -99,19 +100,14 @@ def _decode_stage1_latent(
         kp = K + k_rows[:, None] + offs_c[None, :]
         k0 = tl.load(kp, mask=n_mask[:, None], other=0.0)
         k1 = tl.load(kp + HALF, mask=n_mask[:, None], other=0.0)
-        if UPCAST:
-            k0 = k0.to(tl.float32)
-            k1 = k1.to(tl.float32)
-        elif KV_FP8:  # dequantize in registers; the dots stay in q's dtype
-            k0 = k0.to(Q.dtype.element_ty)
-            k1 = k1.to(Q.dtype.element_ty)
+        if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized)
+            k0 = k0.to(q0.dtype)
+            k1 = k1.to(q0.dtype)
         if BLOCK_DPE > 0:  # rope tail first, then the halves accumulate into its scores
             k_pe = tl.load(K + k_rows[:, None] + DV + offs_pe[None, :],
                            mask=n_mask[:, None] & pe_mask[None, :], other=0.0)
-            if UPCAST:
-                k_pe = k_pe.to(tl.float32)
-            elif KV_FP8:
-                k_pe = k_pe.to(Q.dtype.element_ty)
+            if UPCAST or KV_FP8:
+                k_pe = k_pe.to(q0.dtype)
             s = tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
             s = tl.dot(q0, tl.trans(k0), s, input_precision=PREC)
         else:

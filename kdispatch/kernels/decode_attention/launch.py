@@ -81,7 +81,8 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
 
     ``q_len`` new tokens per request (``q4d``: q and out are 4-D); a tile's rows are the
     ``q_len x group`` (token, head) pairs of one kv head. ``kv_fp8``: the cache is fp8,
-    dequantized in the kernel (with the scale tensors when ``scaled``).
+    dequantized in the kernel (with the scale tensors when ``scaled``) into fp16 dots
+    (``F16_DOTS``, interpreter included: it does fp16 dots right) unless q is fp32.
     """
     group = hq // hk
     block_h = int(config.block_h)
@@ -98,10 +99,11 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d,
         BLOCK_DPE=max(16, _p2(dpe)) if dpe > 0 else 0, BLOCK_N=int(config.block_n),
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits, SLIDING=sliding,
-        LOGIT_CAP=capped, UPCAST=interpreting() and not q_float32, DIRECT=direct,
+        LOGIT_CAP=capped, UPCAST=interpreting() and not q_float32 and not kv_fp8,
+        DIRECT=direct,
         PREC="ieee" if q_float32 else "tf32", USE_PDL=pdl, MERGE=merge,
         BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2, QLEN=q_len, KV_FP8=kv_fp8,
-        KV_SCALED=kv_fp8 and scaled)
+        KV_SCALED=kv_fp8 and scaled, F16_DOTS=kv_fp8 and not q_float32)
     if not latent:
         constexprs["SHARED_KV"] = shared
     reduce_grid = reduce_constexprs = reduce_options = None

@@ -33,7 +33,8 @@ class DecodeTuning(OpTuning):
         cap = min(spec.MAX_SPLITS, spec.max_splits_for_budget(key))
         splits = sorted(s for s in splits if s <= cap)
         if key.latent or key.head_dim > 256:
-            tiles = [(32, 4, 2), (64, 8, 2), (32, 4, 3), (64, 4, 2), (32, 8, 2), (16, 4, 3)]
+            tiles = [(32, 4, 2), (64, 8, 2), (32, 4, 3), (64, 4, 2), (32, 8, 2), (16, 4, 3),
+                     (16, 8, 3), (32, 8, 3)]
         else:
             tiles = [(128, 4, 2), (128, 8, 2), (64, 4, 3), (64, 4, 2), (128, 4, 3), (32, 4, 2)]
         h_tile = (h.block_n, h.num_warps, h.num_stages)
