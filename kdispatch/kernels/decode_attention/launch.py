@@ -4,10 +4,11 @@
 constexprs, workspace) and :func:`stage1_args` / :func:`reduce_args` the argument order;
 they are hashed into the op's source hash. :func:`decode_attention` is what the public
 function and the torch op call: the first call of a signature (shapes, strides, dtypes,
-devices, pointer alignment, whether v aliases k, the flags and the config) checks the
-inputs, resolves the config and launches through Triton's JIT; later calls of that
-signature allocate the output and one partials buffer and launch the compiled kernels
-directly (:mod:`kdispatch.launching`).
+devices, pointer alignment, whether v aliases k, the scale tensors, the flags and the
+config) checks the inputs, resolves the config and launches through Triton's JIT; later
+calls of that signature allocate the output and one partials buffer and launch the
+compiled kernels directly (:mod:`kdispatch.launching`), passing the scale tensors'
+pointers (their values are read by the kernel).
 """
 
 from __future__ import annotations

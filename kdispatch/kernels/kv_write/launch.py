@@ -3,7 +3,8 @@
 :func:`plan` is the constexpr mapping (config and shapes -> grid, constexprs, options) and
 :func:`runtime_args` the argument order; both are hashed into the op's source hash.
 :func:`write_kv` is what the public function and the torch op call: the first call of a
-signature (shapes, strides, dtypes, devices, pointer alignment, config) checks the inputs,
+signature (shapes, strides, dtypes, devices, pointer alignment, scale tensors, config)
+checks the inputs,
 resolves the config and launches through Triton's JIT; later calls of that signature
 launch the compiled kernel directly (:mod:`kdispatch.launching`).
 """
