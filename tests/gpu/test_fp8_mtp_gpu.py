@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kdispatch
+from graph_capture import capture
 from kdispatch.kernels._common import quantize_fp8
 from kdispatch.kernels.decode_attention import reference_decode_attention
 from kdispatch.kernels.kv_write import reference_kv_write
@@ -28,20 +29,7 @@ def _close(out, ref):
 
 
 def _capture(fn) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # compile and warm outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return graph
+    return capture(fn, forbid_sync=True)  # resolve + launch must not sync the host
 
 
 def _fp8_cache(nb, page, hk, d, scale, gen):

@@ -19,6 +19,7 @@ from kdispatch.kernels.decode_attention import (
     launch_decode_attention,
     reference_decode_attention,
 )
+from kernel_checks import check_decode
 
 FP8 = torch.float8_e4m3fn
 # the dot inputs are q's dtype: bf16 rounds P (2^-8) and the output once more (~1e-2);
@@ -58,11 +59,7 @@ def make_case(dev, *, batch=3, hq=8, hk=2, dk=64, dv=None, page=16, pages=5, len
 
 
 def check(out, args, scales, **kw):
-    ref = reference_decode_attention(*args, **scales, **kw)
-    atol, rtol = TOL[args[0].dtype]
-    assert out.dtype == args[0].dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
-    return ref
+    return check_decode(out, args, TOL, **scales, **kw)
 
 
 def cfg(splits=1, block_n=16, block_h=16, **kw):

@@ -17,6 +17,7 @@ from kdispatch.kernels.decode_attention import (
     launch_decode_attention,
     reference_decode_attention,
 )
+from kernel_checks import check_decode
 
 # fp32: IEEE dots, only summation order differs (~1e-6; 2e-4 for exp2, long sums);
 # bf16: P and the output are rounded to an 8-bit mantissa (~1e-2)
@@ -46,11 +47,7 @@ def make_case(dev, *, q_len, lens, hq=4, hk=2, dk=32, dv=None, page=16, pages=5,
 
 
 def check(out, args, *, scale, **kw):
-    ref = reference_decode_attention(*args, scale=scale, **kw)
-    atol, rtol = TOL[args[0].dtype]
-    assert out.dtype == args[0].dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
-    return ref
+    return check_decode(out, args, TOL, scale=scale, **kw)
 
 
 def cfg(splits=1, block_n=16, block_h=16, **kw):

@@ -20,15 +20,11 @@ from kdispatch.kernels.kv_write import (
     reference_kv_write,
 )
 from kdispatch.opdef import OpKey
+from kernel_checks import check_write, write_masks
+from kernel_checks import rand_nonzero as _rand
 
 FP8 = torch.float8_e4m3fn
 HEADS, DIM, PAGE, BLOCKS = 3, 24, 4, 40  # odd heads, non-pow2 dim: both masked tails
-
-
-def _rand(gen, *shape, dtype, device, spread=1.0):
-    """Random, never zero: +-[0.25, 1.25] x ``spread``."""
-    x = torch.rand(*shape, generator=gen) * 2 - 1
-    return ((x + torch.where(x >= 0, 0.25, -0.25)) * spread).to(dtype).to(device)
 
 
 def make_case(device, *, tokens, dtype=torch.bfloat16, seed=0, negative=0, spread=300.0,
@@ -59,14 +55,6 @@ def make_case(device, *, tokens, dtype=torch.bfloat16, seed=0, negative=0, sprea
         case["k_scale"] = torch.full(scale_shape, 0.5, device=device)
         case["v_scale"] = torch.full(scale_shape, 2.0, device=device)
     return case
-
-
-def check_write(cfg, case, row_mask=None, active_rows=None):
-    """Launch ``cfg``; both entire pools equal the reference bit for bit."""
-    ref_k, ref_v = reference_kv_write(**case, row_mask=row_mask, active_rows=active_rows)
-    launch_kv_write(cfg, **case, row_mask=row_mask, active_rows=active_rows)
-    torch.testing.assert_close(case["key_cache"].float(), ref_k, atol=0, rtol=0)
-    torch.testing.assert_close(case["value_cache"].float(), ref_v, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
@@ -118,13 +106,7 @@ def test_every_fp8_value_and_rounding_tie(dev):
 def test_fp8_masked_forms_and_strided_cache(dev, masking):
     tokens = 17
     case = make_case(dev, tokens=tokens, seed=3, negative=2, v_layout="heads_major")
-    gen = torch.Generator().manual_seed(7)
-    row_mask = active_rows = None
-    if masking in ("row_mask", "both"):
-        row_mask = (torch.rand(tokens, generator=gen) < 0.6).to(dev)
-        row_mask[0] = row_mask[-1] = True
-    if masking in ("active_rows", "both"):
-        active_rows = torch.tensor([11], dtype=torch.int32, device=dev)
+    row_mask, active_rows = write_masks(dev, tokens, masking)
     cfg = KVWriteConfig(block_h=2, block_t=2, num_warps=2)
     check_write(cfg, case, row_mask, active_rows)
 

@@ -126,6 +126,32 @@ def _dot_operand(x, UPCAST: tl.constexpr, F16_DOTS: tl.constexpr):
 
 
 @triton.jit
+def _tile_pages(bt_row, n0, end, page, num_blocks, stride_btp, PAGE: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """``(tokens, mask, 64-bit page ids, in-page offsets, next page ids)`` of the tile at
+    ``n0`` whose page ids ``page`` were loaded one tile ahead (so the K/V gather of a tile
+    does not wait on its own block-table load). A page id outside ``[0, num_blocks)`` is
+    masked: never read, its tokens weigh nothing."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_next = offs_n + BLOCK_N
+    page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
+                        other=0)
+    n_mask = (offs_n < end) & (page >= 0) & (page < num_blocks)
+    return offs_n, n_mask, page.to(tl.int64), offs_n % PAGE, page_next
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    """One online-softmax step over log2-unit scores: ``(p, alpha, new max, new sum)``."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a tile of masked pages may leave the running max at -inf: exponents stay finite
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _scores_scale(s, qk_scale, cap, LOGIT_CAP: tl.constexpr):
     """Scores in log2 units: ``s * qk_scale``, or ``cap * tanh(s * scale / cap) * log2(e)``."""
     if LOGIT_CAP:
@@ -227,20 +253,11 @@ def _decode_stage1(
     k_head = kvh * stride_kh
     v_head = kvh * stride_vh
     bt_row = BT + b * stride_btb
-    # page ids are prefetched one tile ahead, so the K/V gather of a tile does not wait
-    # on its own block-table load
     offs_n = start + tl.arange(0, BLOCK_N)
     page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        offs_next = offs_n + BLOCK_N
-        page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
-                            other=0)
-        # a page id outside [0, num_blocks) is never read and its tokens weigh nothing
-        n_mask = n_mask & (page >= 0) & (page < num_blocks)
-        page64 = page.to(tl.int64)
-        in_page = offs_n % PAGE
+        offs_n, n_mask, page64, in_page, page_next = _tile_pages(
+            bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
         k_rows = page64 * stride_kb + in_page * stride_kp + k_head
         k = tl.load(K + k_rows[:, None] + offs_d[None, :],
                     mask=n_mask[:, None] & d_mask[None, :], other=0.0)
@@ -255,12 +272,7 @@ def _decode_stage1(
             s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
         s = _visible(s, offs_n, n_mask, row_end, row_lo, QLEN, SLIDING)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a tile of masked pages may leave the running max at -inf: exponents stay finite
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         if SHARED_KV:
             v = k
         else:
@@ -270,7 +282,6 @@ def _decode_stage1(
             if UPCAST or KV_FP8:
                 v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
         page = page_next
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)

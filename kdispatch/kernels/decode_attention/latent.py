@@ -17,7 +17,9 @@ from kdispatch.kernels.decode_attention.kernels import (
     _dot_operand,
     _merge_if_last,
     _scores_scale,
+    _softmax_step,
     _split_range,
+    _tile_pages,
     _tile_rows,
     _visible,
 )
@@ -87,15 +89,8 @@ def _decode_stage1_latent(
     offs_n = start + tl.arange(0, BLOCK_N)
     page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        offs_next = offs_n + BLOCK_N
-        page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
-                            other=0)
-        # a page id outside [0, num_blocks) is never read and its tokens weigh nothing
-        n_mask = n_mask & (page >= 0) & (page < num_blocks)
-        page64 = page.to(tl.int64)
-        in_page = offs_n % PAGE
+        offs_n, n_mask, page64, in_page, page_next = _tile_pages(
+            bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
         k_rows = page64 * stride_kb + in_page * stride_kp + k_head
         kp = K + k_rows[:, None] + offs_c[None, :]
         k0 = tl.load(kp, mask=n_mask[:, None], other=0.0)
@@ -115,16 +110,10 @@ def _decode_stage1_latent(
         s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
         s = _visible(s, offs_n, n_mask, row_end, row_lo, QLEN, SLIDING)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a tile of masked pages may leave the running max at -inf: exponents stay finite
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         pb = p.to(k0.dtype)
         acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)
         acc1 = tl.dot(pb, k1, acc1 * alpha[:, None], input_precision=PREC)
-        m_i = m_new
         page = page_next
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
