@@ -209,3 +209,31 @@ def test_bad_fp8_input_names_the_argument(dev):
             launch_decode_attention(cfg(), **args, scale=0.1)
         with pytest.raises(ValueError, match=rf"^{name}:"):
             kdispatch.decode_attention(**args, scale=0.1)
+
+
+def test_torch_ops_take_scales_and_query_tokens(dev):
+    """opcheck of both ops with fp8 caches, scales and a 4-D q, and a torch.compile'd step
+    (write, then decode two tokens) that matches eager."""
+    args, scales, _ = make_case(dev, batch=2, pages=2, lens=[9, 20], seed=6)
+    q, k, v, bt, sl = args
+    q4 = torch.stack([q, q.flip(-1)], dim=1)  # [B, 2, Hq, Dk]
+    # opcheck's schema test compares inputs with arithmetic torch lacks for fp8 tensors
+    # ("mul_cpu_reduced_float" not implemented for Float8_e4m3fn): the other three run
+    utils = ("test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.kdispatch.decode_attention.default,
+                          (q4, k, v, bt, sl, 0.2), dict(scales), test_utils=utils)
+    rows = torch.randn(3, k.shape[2], k.shape[3], device=dev).bfloat16()
+    slots = torch.tensor([0, 5, 17], device=dev)
+    torch.library.opcheck(torch.ops.kdispatch.write_kv.default,
+                          (rows, rows * 2, k.clone(), v.clone(), slots), dict(scales),
+                          test_utils=utils)
+
+    def step(q4, rows, k, v):
+        kdispatch.write_kv(rows, rows * 2, k, v, slots, **scales)
+        return kdispatch.decode_attention(q4, k, v, bt, sl, scale=0.2, **scales)
+
+    k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+    eager = step(q4, rows, k1, v1)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q4, rows, k2, v2)
+    assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert torch.equal(eager, compiled) and eager.shape == (2, 2, 8, 64)
