@@ -61,9 +61,10 @@ def test_graph_replays_with_new_scales_lengths_and_tables(kind, q_len):
     scale = dk ** -0.5
     cfg = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
                             seq_lens=sl)
-    assert cfg.num_kv_splits > 1
+    if cfg.num_kv_splits == 1:  # a tuned table may not split: the test wants the partials
+        cfg = cfg.model_copy(update={"num_kv_splits": 4})
     graph = _capture(lambda: kdispatch.decode_attention(
-        q, k, v, bt, sl, scale=scale, out=out, k_scale=k_scale, v_scale=v_scale))
+        q, k, v, bt, sl, scale=scale, out=out, k_scale=k_scale, v_scale=v_scale, config=cfg))
     ragged = [[1, 15, 16, 17, 63, 64, 65, ctx], [ctx - 1, ctx, 4097, 4096, 2, 3, 33, 1000]]
     for i, (lens, ks) in enumerate(zip(ragged * 2, (0.02, 0.05, 0.01, 0.5))):
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
