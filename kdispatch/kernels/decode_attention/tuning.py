@@ -144,8 +144,8 @@ class DecodeTuning(OpTuning):
         #   once more: ~1e-3 worst case on O(1) outputs.
         # bf16: the same with an 8-bit mantissa (2^-8 per rounding): ~1e-2.
         # An fp8 cache is checked against the reference on the dequantized cache: fp8 ->
-        #   q's dtype is exact (3 mantissa bits) and the scales are applied in fp32, so the
-        #   tolerance is q's dtype's.
+        #   fp16 (its dot dtype) is exact, P in fp16 rounds finer than bf16 and the scales
+        #   are applied in fp32, so the tolerance is q's dtype's.
         return {"float32": (2e-4, 2e-4), "float16": (5e-3, 5e-3),
                 "bfloat16": (2e-2, 2e-2)}[key.dtype]
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import triton
 from pydantic import Field, field_validator, model_validator
 
-from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name
+from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name, is_fp8
 from kdispatch.kernels._common import pdl_capable
 from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
 
@@ -62,7 +62,7 @@ class KVWriteKey(OpKey):
 
     @model_validator(mode="after")
     def _cache_dtype(self) -> KVWriteKey:
-        if self.kv_dtype in CACHE_DTYPES[:3] and self.kv_dtype != self.dtype:
+        if self.kv_dtype != self.dtype and not is_fp8(self.kv_dtype):
             raise ValueError(f"kv_dtype {self.kv_dtype} must be dtype ({self.dtype}) or fp8")
         return self
 
