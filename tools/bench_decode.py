@@ -1,7 +1,12 @@
 """Benchmark decode_attention on the GPU: split count 1, the heuristic, and the sweep's best.
 
-Every decode shape of ../shared/BENCHMARKING.md (bf16, 16-token pages). Each config is
-checked against the fp32 reference before it is timed; times are per-call medians of
+Every decode shape of ../shared/BENCHMARKING.md (bf16 queries, 16-token pages), with a
+bf16 cache, an fp8 cache (``-fp8``: float8_e4m3fn, per-tensor scales; bytes counted in
+fp8) and, for MLA, two query tokens per request (``-q2``). The last table sets each fp8
+row against its bf16 twin and each two-token row against its one-token twin (the issue's
+targets: fp8 about 1.9x faster than bf16; MLA with two tokens <= 1.3x one token; TFLOPS
+for MLA rows). Each config is checked against the fp32 reference (on the dequantized
+cache for fp8) before it is timed; times are per-call medians of
 CUDA-graph replays (triton.testing.do_bench), each graph holding enough calls to last about
 1 ms (so a replay's launch latency is spread as in a serving step) and rotating among input
 sets when the working set is under 4x L2. The heuristic is also timed one call per graph
@@ -12,6 +17,7 @@ Usage (on the device)::
 
     python tools/bench_decode.py --out $OUT/decode.json            # everything
     python tools/bench_decode.py --shapes kimi --max-cands 12      # a subset, short sweep
+    python tools/bench_decode.py --kv fp8 --q-len 1,2 --shapes deepseek-v3-tp8-mla-b32-c16384
 """
 
 from __future__ import annotations
@@ -32,11 +38,17 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kdispatch.device import Device  # noqa: E402
+from kdispatch.kernels._common import quantize_fp8  # noqa: E402
 from kdispatch.kernels.decode_attention import (  # noqa: E402
-    SPEC, launch_decode_attention, reference_decode_attention,
+    OP, launch_decode_attention, reference_decode_attention,
 )
 
 L2_BYTES = 60 << 20
+
+
+FP8 = torch.float8_e4m3fn
+#: per-tensor scale of the benchmark's fp8 caches: randn's ~4.5 sigma maximum maps near 448
+FP8_SCALE = 0.01
 
 
 @dataclass
@@ -48,10 +60,33 @@ class Shape:
     dk: int
     dv: int
     context: int
+    kv: str = "bf16"   # cache dtype: "bf16" or "fp8"
+    q_len: int = 1     # query tokens per request
 
     @property
     def latent(self) -> bool:
         return self.hk == 1 and self.dv < self.dk
+
+    @property
+    def base(self) -> str:
+        """The name of the bf16, one-token row this row is compared with."""
+        return self.name.removesuffix("-fp8").removesuffix("-q2")
+
+
+def variants(base: list[Shape], kvs: tuple[str, ...], q_lens: tuple[int, ...]) -> list[Shape]:
+    """Every base shape with each cache dtype in ``kvs``; MLA shapes also with each query
+    length in ``q_lens`` (BENCHMARKING.md: fp8 rows, and 2-token rows for MLA)."""
+    out = []
+    for s in base:
+        for q_len in q_lens:
+            if q_len > 1 and not s.latent:
+                continue
+            for kv in kvs:
+                suffix = ("-q2" if q_len == 2 else f"-q{q_len}" if q_len > 1 else "") + (
+                    "-fp8" if kv == "fp8" else "")
+                out.append(Shape(s.name + suffix, s.batch, s.hq, s.hk, s.dk, s.dv, s.context,
+                                 kv, q_len))
+    return out
 
 
 def shapes() -> list[Shape]:
@@ -107,6 +142,18 @@ def read_ceiling(sms: int) -> dict:
     return best
 
 
+def _cache(nb: int, page: int, hk: int, d: int, kv: str, g: torch.Generator) -> torch.Tensor:
+    """A random cache: bf16 normal values, or their fp8 quantization at ``FP8_SCALE``
+    (drawn and quantized in chunks, so the fp32 temporaries stay small)."""
+    out = torch.empty(nb, page, hk, d, device="cuda", dtype=FP8 if kv == "fp8" else
+                      torch.bfloat16)
+    scale = torch.full((1,), FP8_SCALE, device="cuda")
+    for chunk in out.split(max(1, (1 << 28) // (page * hk * d))):
+        x = torch.randn(chunk.shape, device="cuda", generator=g)
+        chunk.copy_(quantize_fp8(x, scale, FP8) if kv == "fp8" else x)
+    return out
+
+
 def make_sets(s: Shape, nsets: int, seed: int) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(seed)
     page = 16
@@ -114,22 +161,25 @@ def make_sets(s: Shape, nsets: int, seed: int) -> list[dict]:
     sets = []
     for i in range(nsets):
         nb = s.batch * pages + 1
-        q = torch.randn(s.batch, s.hq, s.dk, device="cuda", generator=g).bfloat16()
-        k = torch.empty(nb, page, s.hk, s.dk, device="cuda", dtype=torch.bfloat16)
-        k.normal_(generator=g)
-        v = k[..., :s.dv] if s.latent else torch.randn(
-            nb, page, s.hk, s.dv, device="cuda", generator=g).bfloat16()
+        q_shape = (s.batch, s.q_len, s.hq, s.dk) if s.q_len > 1 else (s.batch, s.hq, s.dk)
+        q = torch.randn(q_shape, device="cuda", generator=g).bfloat16()
+        k = _cache(nb, page, s.hk, s.dk, s.kv, g)
+        v = k[..., :s.dv] if s.latent else _cache(nb, page, s.hk, s.dv, s.kv, g)
         bt = torch.randperm(nb, device="cuda", generator=g)[:s.batch * pages]
         bt = bt.view(s.batch, pages).to(torch.int32)
         sl = torch.full((s.batch,), s.context, dtype=torch.int32, device="cuda")
-        sets.append(dict(q=q, k_cache=k, v_cache=v, block_table=bt, seq_lens=sl,
-                         scale=s.dk ** -0.5))
+        inp = dict(q=q, k_cache=k, v_cache=v, block_table=bt, seq_lens=sl, scale=s.dk ** -0.5)
+        if s.kv == "fp8":
+            inp["k_scale"] = torch.full((1,), FP8_SCALE, device="cuda")
+            inp["v_scale"] = torch.full((1,), FP8_SCALE, device="cuda")
+        sets.append(inp)
     return sets
 
 
 def live_bytes(s: Shape) -> int:
-    per_tok = s.hk * (s.dk if s.latent else s.dk + s.dv) * 2
-    return s.batch * s.context * per_tok + s.batch * s.hq * (s.dk + s.dv) * 2
+    """The live cache once in its dtype, q read and the output written once per token."""
+    per_tok = s.hk * (s.dk if s.latent else s.dk + s.dv) * (1 if s.kv == "fp8" else 2)
+    return s.batch * s.context * per_tok + s.batch * s.q_len * s.hq * (s.dk + s.dv) * 2
 
 
 #: the rows of each shape: split count 1, the heuristic, its twins (the reduce launched
@@ -201,21 +251,22 @@ def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[R
     ws = live_bytes(s)
     nsets = max(1, min(8, math.ceil(4 * L2_BYTES / ws)))
     sets = make_sets(s, nsets, seed=hash(s.name) % 1000)
-    key = SPEC.key(dev, sets[0])
+    key = OP.key(dev, sets[0])
+    assert (key.q_len, key.kv_dtype == "float8_e4m3fn") == (s.q_len, s.kv == "fp8"), key
     ref = reference_decode_attention(**sets[0])
-    atol, rtol = SPEC.tolerance(key)
-    heur = SPEC.heuristic(key)
-    base = SPEC.baseline(key)
-    cands = list(SPEC.candidates(key))[:max_cands]
+    atol, rtol = OP.tuning.tolerance(key)
+    heur = OP.heuristic(key)
+    base = OP.tuning.baseline(key)
+    cands = list(OP.tuning.candidates(key))[:max_cands]
     early = heur.model_copy(update={"pdl": True, "merge": False})  # reduce launched early
-    early = early if SPEC.is_valid(key, early) else heur
+    early = early if OP.is_valid(key, early) else heur
     twin = heur.model_copy(update={"merge": not heur.merge, "pdl": False})  # other merge way
-    twin = twin if SPEC.is_valid(key, twin) else heur
+    twin = twin if OP.is_valid(key, twin) else heur
     for must in (heur, base, early, twin):
         if must not in cands:
             cands.append(must)
     nbytes = live_bytes(s)
-    flops = 2 * s.batch * s.hq * s.context * (s.dk + s.dv)
+    flops = 2 * s.batch * s.q_len * s.hq * s.context * (s.dk + s.dv)
     results = {}
     for cfg in cands:
         try:
@@ -244,13 +295,14 @@ def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[R
         gbs = nbytes / us / 1e3
         rows.append(Row(s.name, label, cfg.model_dump(), us, q20, q80, gbs,
                         100 * gbs / ceiling, err,
-                        tflops=flops / us / 1e6 if s.hq >= 64 else None))
+                        tflops=flops / us / 1e6 if s.latent else None,
+                        extra={"base": s.base, "kv": s.kv, "q_len": s.q_len}))
     if heur in ok:  # the previous method: one call per graph replay (launch latency in)
         row = next(r for r in rows if r.label == "heuristic")
         row.extra["us_one_call_per_graph"] = time_config(heur, sets[:1], calls=1)[0]
     bad = {str(c.model_dump()): r for c, r in results.items() if r[0] != "ok"}
-    rows[-1].extra = {"candidates": len(cands), "timed": len(ok), "rejected": bad,
-                      "all": {json.dumps(c.model_dump()): v[0] for c, v in ok.items()}}
+    rows[-1].extra.update({"candidates": len(cands), "timed": len(ok), "rejected": bad,
+                           "all": {json.dumps(c.model_dump()): v[0] for c, v in ok.items()}})
     del sets
     torch.cuda.empty_cache()
     return rows
@@ -262,13 +314,16 @@ def main() -> None:
     ap.add_argument("--max-cands", type=int, default=60, help="candidates swept per shape")
     ap.add_argument("--out", default="decode.json")
     ap.add_argument("--time-limit", type=float, default=1e9, help="stop starting shapes after s")
+    ap.add_argument("--kv", default="bf16,fp8", help="cache dtypes: bf16, fp8 or both")
+    ap.add_argument("--q-len", default="1,2", help="query tokens per request (MLA rows)")
     args = ap.parse_args()
     t0 = time.time()
     dev = Device.from_torch("cuda")
     ceiling = read_ceiling(dev.cu_count)
     print(f"read ceiling {ceiling['gbs']:.0f} GB/s", flush=True)
     wanted = [w for w in args.shapes.split(",") if w]
-    todo = [s for s in shapes() if not wanted or any(w in s.name for w in wanted)]
+    base = [s for s in shapes() if not wanted or any(w in s.name for w in wanted)]
+    todo = variants(base, tuple(args.kv.split(",")), tuple(int(q) for q in args.q_len.split(",")))
     rows: list[Row] = []
     skipped = []
     for s in todo:
@@ -286,6 +341,7 @@ def main() -> None:
     write(args.out, dev, ceiling, skipped, rows)
     print(f"\nread ceiling {ceiling['gbs']:.0f} GB/s; skipped: {skipped}")
     table(rows)
+    pairs(rows)
 
 
 def write(path, dev, ceiling, skipped, rows) -> None:
@@ -309,6 +365,31 @@ def table(rows) -> None:
         tf = f" {d['sweep-best'].tflops:.0f}TF" if d["sweep-best"].tflops else ""
         print(f"{name:36s} " + " ".join(f"{c:>14s}" for c in cells)
               + f" {ratio:6.2f} {one:8.1f}u{tf}")
+
+
+def pairs(rows) -> None:
+    """Each fp8 row against its bf16 twin (speedup, heuristic and best) and each two-token
+    row against its one-token twin of the same cache dtype (time ratio, TFLOPS)."""
+    by = {(r.shape, r.label): r for r in rows}
+    names = {r.shape: r.extra for r in rows if r.label == "heuristic"}
+    print(f"\n{'row':40s} {'vs':36s} {'heur x':>7s} {'best x':>7s} {'best %':>7s} {'TFLOPS':>7s}")
+    for name, ex in names.items():
+        if ex.get("kv") == "fp8":
+            twin = name.removesuffix("-fp8")
+        elif ex.get("q_len", 1) > 1:
+            twin = name.replace(f"-q{ex['q_len']}", "")
+        else:
+            continue
+        if (twin, "heuristic") not in by:
+            continue
+        ratio = [by[(twin, lab)].us / by[(name, lab)].us if ex.get("kv") == "fp8"
+                 else by[(name, lab)].us / by[(twin, lab)].us
+                 for lab in ("heuristic", "sweep-best")]
+        best = by[(name, "sweep-best")]
+        tf = f"{best.tflops:7.0f}" if best.tflops else "      -"
+        what = "fp8 speedup" if ex.get("kv") == "fp8" else "time ratio"
+        print(f"{name:40s} {twin:36s} {ratio[0]:7.2f} {ratio[1]:7.2f} {best.pct_ceiling:6.1f}%"
+              f" {tf}  ({what})")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ class ModelShape:
         Decode shapes (context = block-table capacity in tokens).
     write_tokens : tuple of int
         Tokens per KV-cache write (decode steps and prefill chunks).
+    fp8_kv : bool
+        Also tune an fp8 KV cache (bf16 activations) where the op supports one.
     """
 
     num_q_heads: int
@@ -55,6 +57,7 @@ class ModelShape:
     write_tokens: tuple[int, ...] = ()
     page_size: int = 16
     dtype: str = "bfloat16"
+    fp8_kv: bool = True
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ _BUILTIN = (
                             write_tokens=(1, 8, 64)), max_candidates=MODEL_CANDIDATES),
     Preset("smoke", "Tiny shapes for the CPU interpreter: two KV-write keys and two small "
            "decode keys (GQA 4/2 x 64), a few candidates each",
-           model=ModelShape(4, 2, 64, decode=((1, 64), (2, 32)), write_tokens=(1, 8)),
+           model=ModelShape(4, 2, 64, decode=((1, 64), (2, 32)), write_tokens=(1, 8),
+                            fp8_kv=False),
            max_candidates=4),
 )
 PRESETS: dict[str, Preset] = {p.name: p for p in _BUILTIN}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kdispatch
+from graph_capture import capture
 from kdispatch.kernels.kv_write import KVWriteConfig, reference_kv_write
 
 pytestmark = pytest.mark.gpu
@@ -70,17 +71,7 @@ class GraphCase:
             self.active_rows.fill_((0, T, 7, 100, 1, 13)[step % 6])
 
 
-def _capture(fn) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up: compile outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+_capture = capture
 
 
 @pytest.mark.parametrize("masking", MASKINGS)

@@ -18,15 +18,11 @@ from kdispatch.kernels.kv_write import (
     reference_kv_write,
 )
 from kdispatch.opdef import OpKey
+from kernel_checks import check_write, write_masks
+from kernel_checks import rand_nonzero as _rand
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEADS, DIM, PAGE, BLOCKS = 3, 24, 4, 40  # odd heads, non-pow2 dim: both masked tails
-
-
-def _rand(gen: torch.Generator, *shape: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Uniform in +-[0.25, 1.25]: random and never zero."""
-    x = torch.rand(*shape, generator=gen) * 2 - 1
-    return (x + torch.where(x >= 0, 0.25, -0.25)).to(dtype).to(device)
 
 
 def make_case(device, *, tokens: int, dtype=torch.bfloat16, heads: int = HEADS, dim: int = DIM,
@@ -61,14 +57,6 @@ def make_case(device, *, tokens: int, dtype=torch.bfloat16, heads: int = HEADS, 
             "slot_mapping": slots.to(slot_dtype).to(device)}
 
 
-def check_write(cfg: KVWriteConfig, case: dict, row_mask=None, active_rows=None) -> None:
-    """Launch ``cfg`` and compare both entire pools with the reference, bit for bit."""
-    ref_k, ref_v = reference_kv_write(**case, row_mask=row_mask, active_rows=active_rows)
-    launch_kv_write(cfg, **case, row_mask=row_mask, active_rows=active_rows)
-    torch.testing.assert_close(case["key_cache"].float(), ref_k, atol=0, rtol=0)
-    torch.testing.assert_close(case["value_cache"].float(), ref_v, atol=0, rtol=0)
-
-
 def heuristic_for(case: dict, row_mask=None, active_rows=None) -> KVWriteConfig:
     return kdispatch.resolve("kv_write", **case, row_mask=row_mask, active_rows=active_rows)
 
@@ -89,13 +77,7 @@ def test_fused_matches_reference(dev, dtype, tokens):
 def test_masked_forms(dev, dtype, masking):
     tokens = 17
     case = make_case(dev, tokens=tokens, dtype=dtype, seed=3, negative=2, first_last=True)
-    gen = torch.Generator().manual_seed(7)
-    row_mask = active_rows = None
-    if masking in ("row_mask", "both"):
-        row_mask = (torch.rand(tokens, generator=gen) < 0.6).to(dev)
-        row_mask[0] = row_mask[-1] = True
-    if masking in ("active_rows", "both"):
-        active_rows = torch.tensor([11], dtype=torch.int32, device=dev)
+    row_mask, active_rows = write_masks(dev, tokens, masking)
     check_write(heuristic_for(case, row_mask, active_rows), case, row_mask, active_rows)
 
 

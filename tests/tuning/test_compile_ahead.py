@@ -216,7 +216,8 @@ def test_the_full_space_is_chosen_when_its_estimate_fits_the_budget():
 def test_cli_lists_preset_sizes_and_checks_its_new_options():
     r = CliRunner().invoke(main, ["tune", "--list-presets", "--device", "nvidia-h200"])
     assert r.exit_code == 0, r.output
-    assert "llama3-8b" in r.output and "on nvidia-h200: 14 keys" in r.output
+    # llama3-8b: 10 decode and 4 KV-write shapes, each with a bf16 and an fp8 cache
+    assert "llama3-8b" in r.output and "on nvidia-h200: 28 keys" in r.output
     assert "in the full valid space" in r.output
     for bad in (["--max-candidates", "0"], ["--max-candidates", "many"],
                 ["--compile-workers", "-1"], ["--compile-workers", "4", "--ray"]):

@@ -42,14 +42,21 @@ def test_preset_shapes_match_benchmarking_md():
     pairs = {(k["batch"], k["num_q_heads"], k["num_kv_heads"], k["head_dim"]) for k in gqa}
     assert pairs == {(b, 32, 8, 128) for b in (1, 8, 64, 4)}
     assert any(k["batch"] == 4 and k["context"] >= 262144 for k in gqa)
-    assert len(gqa) == 10
+    # every shape with the model's bf16 cache and an fp8 one; MLA also with two query
+    # tokens per request (BENCHMARKING.md: fp8 and 2-token rows)
+    fp8 = "float8_e4m3fn"
+    assert len(gqa) == 20 and {(k["kv_dtype"], k["q_len"]) for k in gqa} == {
+        ("bfloat16", 1), (fp8, 1)}
     kimi, _ = _keys("kimi-k3-tp8", h200, "decode_attention")
     assert {(k["num_q_heads"], k["num_kv_heads"], k["head_dim"], k["head_dim_v"], k["batch"])
-            for k in kimi} == {(12, 1, 576, 512, b) for b in (1, 8)} and len(kimi) == 4
+            for k in kimi} == {(12, 1, 576, 512, b) for b in (1, 8)} and len(kimi) == 16
+    assert {(k["kv_dtype"], k["q_len"]) for k in kimi} == {
+        (kv, q) for kv in ("bfloat16", fp8) for q in (1, 2)}
     ds, _ = _keys("deepseek-v3-tp8", h200, "decode_attention")
-    assert {(k["num_q_heads"], k["batch"]) for k in ds} == {(16, 8), (16, 32)} and len(ds) == 4
+    assert {(k["num_q_heads"], k["batch"]) for k in ds} == {(16, 8), (16, 32)} and len(ds) == 16
     ouro_kv, _ = _keys("ouro-1.4b", h200, "kv_write")
-    assert sorted(k["tokens"] for k in ouro_kv) == [1, 8, 64, 16384]
+    for kv in ("bfloat16", fp8):
+        assert sorted(k["tokens"] for k in ouro_kv if k["kv_dtype"] == kv) == [1, 8, 64, 16384]
     assert {(k["num_kv_heads"], k["head_dim"]) for k in ouro_kv} == {(16, 128)}
     ouro_dec, _ = _keys("ouro-1.4b", h200, "decode_attention")
     assert {(k["num_q_heads"], k["num_kv_heads"], k["batch"]) for k in ouro_dec} == {

@@ -12,9 +12,17 @@ from typing import Any
 
 import torch
 
-from kdispatch.kernels._common import check_runnable, check_tensor
+from kdispatch.kernels._common import (
+    FP8_TORCH_DTYPES,
+    check_fp8,
+    check_runnable,
+    check_scales,
+    check_tensor,
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: new tokens per request (speculative decoding / multi-token prediction) a call may carry
+MAX_Q_LEN = 8
 
 
 def shares_latent(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -30,22 +38,37 @@ def shares_latent(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
             and v_cache.shape[3] <= k_cache.shape[3])
 
 
+def q_dims(q: torch.Tensor) -> tuple[int, int, int, int]:
+    """``(batch, q_len, heads, head dim)`` of a ``[B, Hq, Dk]`` or ``[B, Q, Hq, Dk]`` q."""
+    if q.dim() == 3:
+        return q.shape[0], 1, q.shape[1], q.shape[2]
+    return tuple(q.shape)  # type: ignore[return-value]
+
+
 def check_decode_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
                         seq_lens: Any) -> None:
     """Raise ValueError naming the offending argument when the tensors do not fit the op."""
-    check_tensor("q", q, ndim=3, dtypes=DTYPES, last_contiguous=True)
+    check_tensor("q", q, dtypes=DTYPES, last_contiguous=True)
+    if q.dim() not in (3, 4):
+        raise ValueError(f"q: expected [B, Hq, Dk] or [B, Q, Hq, Dk], got shape "
+                         f"{tuple(q.shape)}")
     check_runnable("q", q)
     dev = q.device
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=DTYPES, device=dev, last_contiguous=True)
-    if k_cache.dtype != q.dtype:
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=DTYPES + FP8_TORCH_DTYPES, device=dev,
+                 last_contiguous=True)
+    if k_cache.dtype != q.dtype and k_cache.dtype not in FP8_TORCH_DTYPES:
         raise ValueError(f"k_cache: dtype {str(k_cache.dtype).removeprefix('torch.')} differs "
                          f"from q's {str(q.dtype).removeprefix('torch.')}; pass q in the "
-                         "cache's dtype")
+                         "cache's dtype (or use an fp8 cache)")
+    check_fp8("k_cache", k_cache)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(k_cache.dtype,), device=dev,
                  last_contiguous=True)
     check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=dev)
     check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=dev)
-    b, hq, dk = q.shape
+    b, q_len, hq, dk = q_dims(q)
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q: {q_len} new tokens per request (dim 1 of shape "
+                         f"{tuple(q.shape)}); 1 to {MAX_Q_LEN} are supported")
     nb, page, hk, dk_c = k_cache.shape
     if tuple(v_cache.shape[:3]) != (nb, page, hk):
         raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must match k_cache's "
@@ -77,9 +100,12 @@ def check_decode_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
 
 
 def check_call(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any,
-               scale: Any, out: Any, sliding_window: Any, logit_cap: Any) -> None:
-    """Every host check of one call: the tensors, the output and the scalar arguments."""
+               scale: Any, out: Any, sliding_window: Any, logit_cap: Any, k_scale: Any = None,
+               v_scale: Any = None) -> None:
+    """Every host check of one call: the tensors, the scales, the output and the scalar
+    arguments."""
     check_decode_inputs(q, k_cache, v_cache, block_table, seq_lens)
+    check_scales(k_scale, v_scale, k_cache)
     if isinstance(scale, bool) or not isinstance(scale, float | int) \
             or not math.isfinite(scale):
         raise ValueError(f"scale: must be a finite float, got {scale!r}")
@@ -91,8 +117,8 @@ def check_call(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: A
             or not logit_cap >= 0.0 or not math.isfinite(logit_cap):
         raise ValueError(f"logit_cap: must be a finite float >= 0, got {logit_cap!r}")
     if out is not None:
-        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device,
+        check_tensor("out", out, ndim=q.dim(), dtypes=(q.dtype,), device=q.device,
                      last_contiguous=True)
-        b, hq, _ = q.shape
-        if tuple(out.shape) != (b, hq, v_cache.shape[3]):
-            raise ValueError(f"out: shape {tuple(out.shape)} != {(b, hq, v_cache.shape[3])}")
+        want = (*q.shape[:-1], v_cache.shape[3])
+        if tuple(out.shape) != want:
+            raise ValueError(f"out: shape {tuple(out.shape)} != {want}")

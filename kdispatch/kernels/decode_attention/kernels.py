@@ -1,28 +1,42 @@
-"""The Triton kernels of ``decode_attention``: stage 1 (two forms), the reduce, shared helpers.
+"""The Triton kernels of ``decode_attention``: the generic stage 1, the reduce, shared helpers.
 
 ``_decode_stage1``
-    One program per (kv head x head block, split, request). It walks the tokens of its
-    split in ``BLOCK_N`` tiles, gathering each token's page through the block table, and
-    runs an online softmax over all ``BLOCK_H`` query heads that share the kv head, so each
-    K/V tile is read once per head block. Dk may exceed Dv (MLA: 512 latent + 64 rope
-    columns): the tile is loaded as a ``BLOCK_D`` main part and a ``BLOCK_DPE`` tail.
-    With ``SHARED_KV`` (v_cache aliases k_cache's first Dv columns: absorbed MLA) the main
-    K tile doubles as the V tile, so the latent is read from memory once.
-    With ``DIRECT`` (split count 1) it normalizes and writes the output itself; otherwise
-    it writes a normalized partial output and its log2-sum-exp for each non-empty split.
-``_decode_stage1_latent``
-    The shared-latent case with a power-of-two ``Dv >= 512`` (absorbed MLA, Dv 512):
-    the same work, with the latent loaded as two half-width tiles, three QK dots and two
-    PV dots into two accumulators (10% faster on the H200 at kimi b8 x 327,600).
+    One program per (kv head x row block, split, request). A tile's rows are the
+    ``QLEN x GROUP`` (new token, query head) pairs that share a kv head, token-major, cut
+    into ``BLOCK_H``-row blocks, so each K/V tile is read once for every query token and
+    head of its kv head. The program walks the tokens of its split in ``BLOCK_N`` tiles,
+    gathering each token's page through the block table, and runs an online softmax over
+    its rows. Dk may exceed Dv (MLA: 512 latent + 64 rope columns): the tile is loaded as
+    a ``BLOCK_D`` main part and a ``BLOCK_DPE`` tail. With ``SHARED_KV`` (v_cache aliases
+    k_cache's first Dv columns: absorbed MLA) the main K tile doubles as the V tile, so
+    the latent is read from memory once. With ``DIRECT`` (split count 1) it normalizes and
+    writes the output itself; otherwise it writes a normalized partial output and its
+    log2-sum-exp for each non-empty split.
 ``_decode_reduce``
-    One program per (q head, Dv block, request): merges the non-empty splits' partials.
+    One program per (row = q head x new token, Dv block, request): merges the non-empty
+    splits' partials.
+The shared-latent kernel with Dv 512 (``_decode_stage1_latent``) lives in ``latent.py``.
+
+Multi-token decode (``QLEN`` new tokens per request, their K/V already in the cache):
+token ``t`` sees the first ``seq_len - QLEN + 1 + t`` cached tokens (causal among the new
+ones). Splits cut the request's whole live range; each row masks what its token may not
+see, and a row that sees nothing in a split stores a partial of weight zero.
+
+fp8 caches (``KV_FP8``): tiles are loaded as fp8 (half the bytes of bf16) and converted in
+registers. With a bf16 or fp16 q the dots run in fp16 (``F16_DOTS``; q converted once per
+program, saturating at +-65504): fp8 -> fp16 is exact and one packed conversion per two
+values on sm_90, while fp8 -> bf16 adds a per-value fp16 -> bf16 conversion that would
+bound the kernel below the fp8 read rate; fp16 also keeps 3 more mantissa bits of P than
+bf16. With an fp32 q the tiles become fp32. With ``KV_SCALED`` the per-tensor scales are
+read by the kernel: ``k_scale`` is folded into the score scale and ``v_scale`` into the
+final normalization.
 
 With ``USE_PDL`` the reduce is a programmatic dependent launch: stage 1 lets it launch at
 once, and it reads the request's length and sets up before ``griddepcontrol.wait``, which
 returns once stage 1 has finished and its partials are visible.
 
 With ``MERGE`` there is no reduce kernel: after storing its partial, each stage-1 program
-takes a ticket from an arrival counter of its (request, head block) (zeroed per call); the
+takes a ticket from an arrival counter of its (request, row block) (zeroed per call); the
 program that arrives last merges every split's partials, in split order, into the output.
 
 Split boundaries depend only on the request's own live length and the config, so a
@@ -36,31 +50,123 @@ import triton.language as tl
 
 @triton.jit
 def _split_range(SL, b, stride_sl, window, max_len, split,
-                 NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr):
-    """``(live, chunk, start, end)`` of request ``b``'s split ``split``.
+                 NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
+                 QLEN: tl.constexpr):
+    """``(seq_len, live, chunk, start, end)`` of request ``b``'s split ``split``.
 
     The length is clamped to [0, the page table's capacity] (a bad length never reads
-    past the table); ``live`` tokens (the window's, when sliding) are cut into
-    ``NUM_KV_SPLITS`` chunks of whole ``BLOCK_N`` tiles; trailing splits may be empty.
+    past the table); ``live`` tokens (from the first new token's window start, when
+    sliding) are cut into ``NUM_KV_SPLITS`` chunks of whole ``BLOCK_N`` tiles; trailing
+    splits may be empty.
     """
     seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
     lo = seq_len * 0
     if SLIDING:
-        lo = tl.maximum(seq_len - window, 0)
+        lo = tl.maximum(seq_len - (QLEN - 1) - window, 0)
     live = seq_len - lo
     chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
     start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
-    return live, chunk, start, end
+    return seq_len, live, chunk, start, end
 
 
 @triton.jit
-def _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, n_valid,
+def _tile_rows(pid_h, b, seq_len, window,
+               stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh,
+               GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
+               QLEN: tl.constexpr, SLIDING: tl.constexpr):
+    """The rows of program ``pid_h``: ``(kv head, row mask, q offsets, out offsets,
+    partial rows, visible end, visible start)``.
+
+    Row ``r`` of the kv head is token ``r // GROUP``, head ``r % GROUP`` of the group;
+    its partials live in row ``head * QLEN + token`` of the request. A token's visible
+    range is ``[end - window, end)`` with ``end = seq_len - QLEN + 1 + token``.
+    """
+    kvh = pid_h // HEAD_BLOCKS
+    offs_r = (pid_h % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    r_mask = offs_r < QLEN * GROUP
+    if QLEN == 1:
+        t = offs_r * 0
+        g = offs_r
+    else:
+        t = offs_r // GROUP
+        g = offs_r % GROUP
+    heads = kvh * GROUP + g
+    q_off = b * stride_qb + t * stride_qt + heads * stride_qh
+    o_off = b * stride_ob + t * stride_ot + heads * stride_oh
+    row_end = seq_len - (QLEN - 1) + t
+    row_lo = row_end * 0
+    if SLIDING:
+        row_lo = tl.maximum(row_end - window, 0)
+    return kvh, r_mask, q_off, o_off, heads * QLEN + t, row_end, row_lo
+
+
+@triton.jit
+def _visible(s, offs_n, n_mask, row_end, row_lo, QLEN: tl.constexpr, SLIDING: tl.constexpr):
+    """Scores ``s`` with every (row, token) the row may not see set to -inf."""
+    valid = n_mask[None, :]
+    if QLEN > 1:  # causal among the new tokens: each row has its own visible range
+        valid = valid & (offs_n[None, :] < row_end[:, None])
+        if SLIDING:
+            valid = valid & (offs_n[None, :] >= row_lo[:, None])
+    return tl.where(valid, s, float("-inf"))
+
+
+@triton.jit
+def _dot_operand(x, UPCAST: tl.constexpr, F16_DOTS: tl.constexpr):
+    """A q tile as a dot operand: fp16 for an fp8 cache (saturating), fp32 when the
+    interpreter must not do bf16 arithmetic, else as loaded."""
+    if F16_DOTS:
+        y = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    elif UPCAST:
+        y = x.to(tl.float32)
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def _tile_pages(bt_row, n0, end, page, num_blocks, stride_btp, PAGE: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """``(tokens, mask, 64-bit page ids, in-page offsets, next page ids)`` of the tile at
+    ``n0`` whose page ids ``page`` were loaded one tile ahead (so the K/V gather of a tile
+    does not wait on its own block-table load). A page id outside ``[0, num_blocks)`` is
+    masked: never read, its tokens weigh nothing."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_next = offs_n + BLOCK_N
+    page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
+                        other=0)
+    n_mask = (offs_n < end) & (page >= 0) & (page < num_blocks)
+    return offs_n, n_mask, page.to(tl.int64), offs_n % PAGE, page_next
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    """One online-softmax step over log2-unit scores: ``(p, alpha, new max, new sum)``."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a tile of masked pages may leave the running max at -inf: exponents stay finite
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _scores_scale(s, qk_scale, cap, LOGIT_CAP: tl.constexpr):
+    """Scores in log2 units: ``s * qk_scale``, or ``cap * tanh(s * scale / cap) * log2(e)``."""
+    if LOGIT_CAP:
+        # cap * tanh(x / cap), with tanh(y) = 1 - 2 / (exp(2y) + 1) (saturates cleanly)
+        s = cap * (1.0 - 2.0 / (tl.exp2(s * (qk_scale * 2.8853900817779268 / cap)) + 1.0))
+        return s * 1.4426950408889634
+    return s * qk_scale
+
+
+@triton.jit
+def _merge_if_last(CNT, PO, PL, O, b, pid_h, prow, o_off, r_mask, n_valid,
                    stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-                   stride_ob, stride_oh,
                    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
                    NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
-    """Count this program's split in; the last of its (request, head block) merges them all.
+    """Count this program's split in; the last of its (request, row block) merges them all.
 
     Called after the program stored its partial. The barrier orders every thread's stores
     before the counter's release; the acquiring atomic (one thread, result broadcast
@@ -72,23 +178,23 @@ def _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, n_valid,
     ticket = tl.atomic_add(CNT + b * stride_cnt + pid_h, 1, sem="acq_rel", scope="gpu")
     if ticket == NUM_KV_SPLITS - 1:
         tl.debug_barrier()
-        pl = PL + b * stride_plb + heads * stride_plh
+        pl = PL + b * stride_plb + prow * stride_plh
         offs_s = tl.arange(0, SPLITS_P2)
         lse = tl.load(pl[:, None] + offs_s[None, :],
-                      mask=h_mask[:, None] & (offs_s < n_valid)[None, :],
+                      mask=r_mask[:, None] & (offs_s < n_valid)[None, :],
                       other=float("-inf"), cache_modifier=".cg")
         m = tl.max(lse, 1)
         m = tl.where(m == float("-inf"), 0.0, m)
         denom = tl.sum(tl.exp2(lse - m[:, None]), 1)
         inv = 1.0 / tl.where(denom > 0.0, denom, 1.0)
-        po = PO + b * stride_pob + heads[:, None] * stride_poh
-        o = O + b * stride_ob + heads[:, None] * stride_oh
+        po = PO + b * stride_pob + prow[:, None] * stride_poh
+        o = O + o_off[:, None]
         for c in tl.static_range((DV + BLOCK_C - 1) // BLOCK_C):
             cols = c * BLOCK_C + tl.arange(0, BLOCK_C)
-            mask = h_mask[:, None] & (cols < DV)[None, :]
+            mask = r_mask[:, None] & (cols < DV)[None, :]
             acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
             for s in range(0, n_valid):
-                w = tl.exp2(tl.load(pl + s, mask=h_mask, other=float("-inf"),
+                w = tl.exp2(tl.load(pl + s, mask=r_mask, other=float("-inf"),
                                     cache_modifier=".cg") - m)
                 acc += w[:, None] * tl.load(po + s * stride_pos + cols[None, :], mask=mask,
                                             other=0.0, cache_modifier=".cg")
@@ -97,13 +203,13 @@ def _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, n_valid,
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, BT, SL, O, PO, PL, CNT,
+    Q, K, V, BT, SL, O, PO, PL, CNT, KS, VS,
     qk_scale, cap, window, max_len, num_blocks,
-    stride_qb, stride_qh,
+    stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
     stride_vb, stride_vp, stride_vh,
     stride_btb, stride_btp, stride_sl,
-    stride_ob, stride_oh,
+    stride_ob, stride_ot, stride_oh,
     stride_pob, stride_poh, stride_pos,
     stride_plb, stride_plh, stride_cnt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, DV: tl.constexpr, DPE: tl.constexpr,
@@ -112,33 +218,34 @@ def _decode_stage1(
     SHARED_KV: tl.constexpr, SLIDING: tl.constexpr, LOGIT_CAP: tl.constexpr,
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
+    QLEN: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALED: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
         tl.extra.cuda.gdc_launch_dependents()
     pid_h = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2)
-    kvh = pid_h // HEAD_BLOCKS
-    offs_g = (pid_h % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_mask = offs_g < GROUP
-    heads = kvh * GROUP + offs_g
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < DV
 
-    live, chunk, start, end = _split_range(SL, b, stride_sl, window, max_len, split,
-                                           NUM_KV_SPLITS, BLOCK_N, SLIDING)
+    seq_len, live, chunk, start, end = _split_range(SL, b, stride_sl, window, max_len, split,
+                                                    NUM_KV_SPLITS, BLOCK_N, SLIDING, QLEN)
+    kvh, r_mask, q_off, o_off, prow, row_end, row_lo = _tile_rows(
+        pid_h, b, seq_len, window, stride_qb, stride_qt, stride_qh, stride_ob, stride_ot,
+        stride_oh, GROUP, BLOCK_H, HEAD_BLOCKS, QLEN, SLIDING)
+    if KV_SCALED:  # dequantized K = stored K * k_scale: fold it into the score scale
+        qk_scale = qk_scale * tl.load(KS)
 
-    q_row = b * stride_qb + heads[:, None] * stride_qh
-    q = tl.load(Q + q_row + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = tl.load(Q + q_off[:, None] + offs_d[None, :], mask=r_mask[:, None] & d_mask[None, :],
+                other=0.0)
+    q = _dot_operand(q, UPCAST, F16_DOTS)
     if BLOCK_DPE > 0:
         offs_pe = tl.arange(0, BLOCK_DPE)
         pe_mask = offs_pe < DPE
-        q_pe = tl.load(Q + q_row + DV + offs_pe[None, :],
-                       mask=h_mask[:, None] & pe_mask[None, :], other=0.0)
-        if UPCAST:
-            q_pe = q_pe.to(tl.float32)
+        q_pe = tl.load(Q + q_off[:, None] + DV + offs_pe[None, :],
+                       mask=r_mask[:, None] & pe_mask[None, :], other=0.0)
+        q_pe = _dot_operand(q_pe, UPCAST, F16_DOTS)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -146,223 +253,76 @@ def _decode_stage1(
     k_head = kvh * stride_kh
     v_head = kvh * stride_vh
     bt_row = BT + b * stride_btb
-    # page ids are prefetched one tile ahead, so the K/V gather of a tile does not wait
-    # on its own block-table load
     offs_n = start + tl.arange(0, BLOCK_N)
     page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        offs_next = offs_n + BLOCK_N
-        page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
-                            other=0)
-        # a page id outside [0, num_blocks) is never read and its tokens weigh nothing
-        n_mask = n_mask & (page >= 0) & (page < num_blocks)
-        page64 = page.to(tl.int64)
-        in_page = offs_n % PAGE
+        offs_n, n_mask, page64, in_page, page_next = _tile_pages(
+            bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
         k_rows = page64 * stride_kb + in_page * stride_kp + k_head
         k = tl.load(K + k_rows[:, None] + offs_d[None, :],
                     mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
+        if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized)
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if BLOCK_DPE > 0:
             k_pe = tl.load(K + k_rows[:, None] + DV + offs_pe[None, :],
                            mask=n_mask[:, None] & pe_mask[None, :], other=0.0)
-            if UPCAST:
-                k_pe = k_pe.to(tl.float32)
+            if UPCAST or KV_FP8:
+                k_pe = k_pe.to(q.dtype)
             s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
-        if LOGIT_CAP:
-            # cap * tanh(x / cap), with tanh(y) = 1 - 2 / (exp(2y) + 1) (saturates cleanly)
-            s = cap * (1.0 - 2.0 / (tl.exp2(s * (qk_scale * 2.8853900817779268 / cap)) + 1.0))
-            s = s * 1.4426950408889634
-        else:
-            s = s * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a tile of masked pages may leave the running max at -inf: exponents stay finite
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
+        s = _visible(s, offs_n, n_mask, row_end, row_lo, QLEN, SLIDING)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         if SHARED_KV:
             v = k
         else:
             v_rows = page64 * stride_vb + in_page * stride_vp + v_head
             v = tl.load(V + v_rows[:, None] + offs_d[None, :],
                         mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-            if UPCAST:
-                v = v.to(tl.float32)
+            if UPCAST or KV_FP8:
+                v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
         page = page_next
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    if DIRECT:
+    if KV_SCALED:  # dequantized V = stored V * v_scale
+        out = acc * (tl.load(VS) / l_safe)[:, None]
+    else:
         out = acc / l_safe[:, None]
-        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+    if DIRECT:
+        tl.store(O + o_off[:, None] + offs_d[None, :], out.to(O.dtype.element_ty),
+                 mask=r_mask[:, None] & d_mask[None, :])
     else:
         has_work = start < end
-        out = acc / l_safe[:, None]
-        tl.store(PO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos
-                 + offs_d[None, :], out, mask=(h_mask & has_work)[:, None] & d_mask[None, :])
-        tl.store(PL + b * stride_plb + heads * stride_plh + split, m_i + tl.log2(l_safe),
-                 mask=h_mask & has_work)
+        tl.store(PO + b * stride_pob + prow[:, None] * stride_poh + split * stride_pos
+                 + offs_d[None, :], out, mask=(r_mask & has_work)[:, None] & d_mask[None, :])
+        tl.store(PL + b * stride_plb + prow * stride_plh + split, m_i + tl.log2(l_safe),
+                 mask=r_mask & has_work)
         if MERGE:
-            _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, tl.cdiv(live, chunk),
+            _merge_if_last(CNT, PO, PL, O, b, pid_h, prow, o_off, r_mask, tl.cdiv(live, chunk),
                            stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb,
-                           stride_plh, stride_ob, stride_oh, DV, BLOCK_H, BLOCK_C,
-                           NUM_KV_SPLITS, SPLITS_P2)
-
-
-@triton.jit
-def _decode_stage1_latent(
-    Q, K, BT, SL, O, PO, PL, CNT,
-    qk_scale, cap, window, max_len, num_blocks,
-    stride_qb, stride_qh,
-    stride_kb, stride_kp, stride_kh,
-    stride_btb, stride_btp, stride_sl,
-    stride_ob, stride_oh,
-    stride_pob, stride_poh, stride_pos,
-    stride_plb, stride_plh, stride_cnt,
-    GROUP: tl.constexpr, PAGE: tl.constexpr, DV: tl.constexpr, DPE: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, NUM_KV_SPLITS: tl.constexpr,
-    SLIDING: tl.constexpr, LOGIT_CAP: tl.constexpr,
-    UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
-    MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
-):
-    """Stage 1 for a shared latent (``SHARED_KV``) with ``DV == BLOCK_D``: the latent as halves.
-
-    The same work as :func:`_decode_stage1` with ``SHARED_KV``, but the ``DV`` latent
-    columns are loaded as two ``DV / 2``-wide tiles (no column mask: ``DV`` is a power of
-    two), QK is three dots (rope tail, low half, high half) and PV two dots into two
-    accumulators. H200, DV 512 (``tools/experiments/mla_variants.py``, docs/decode_notes.md
-    v3): 10% faster than the single 512-wide tile at kimi b8 x 327,600 (715 vs 798 us).
-    """
-    HALF: tl.constexpr = BLOCK_D // 2
-    if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
-        tl.extra.cuda.gdc_launch_dependents()
-    pid_h = tl.program_id(0)
-    split = tl.program_id(1)
-    b = tl.program_id(2)
-    kvh = pid_h // HEAD_BLOCKS
-    offs_g = (pid_h % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_mask = offs_g < GROUP
-    heads = kvh * GROUP + offs_g
-    offs_c = tl.arange(0, HALF)
-
-    live, chunk, start, end = _split_range(SL, b, stride_sl, window, max_len, split,
-                                           NUM_KV_SPLITS, BLOCK_N, SLIDING)
-
-    q_row = b * stride_qb + heads[:, None] * stride_qh
-    q0 = tl.load(Q + q_row + offs_c[None, :], mask=h_mask[:, None], other=0.0)
-    q1 = tl.load(Q + q_row + HALF + offs_c[None, :], mask=h_mask[:, None], other=0.0)
-    if UPCAST:
-        q0 = q0.to(tl.float32)
-        q1 = q1.to(tl.float32)
-    if BLOCK_DPE > 0:
-        offs_pe = tl.arange(0, BLOCK_DPE)
-        pe_mask = offs_pe < DPE
-        q_pe = tl.load(Q + q_row + DV + offs_pe[None, :],
-                       mask=h_mask[:, None] & pe_mask[None, :], other=0.0)
-        if UPCAST:
-            q_pe = q_pe.to(tl.float32)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-    k_head = kvh * stride_kh
-    bt_row = BT + b * stride_btb
-    offs_n = start + tl.arange(0, BLOCK_N)
-    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        offs_next = offs_n + BLOCK_N
-        page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
-                            other=0)
-        # a page id outside [0, num_blocks) is never read and its tokens weigh nothing
-        n_mask = n_mask & (page >= 0) & (page < num_blocks)
-        page64 = page.to(tl.int64)
-        in_page = offs_n % PAGE
-        k_rows = page64 * stride_kb + in_page * stride_kp + k_head
-        kp = K + k_rows[:, None] + offs_c[None, :]
-        k0 = tl.load(kp, mask=n_mask[:, None], other=0.0)
-        k1 = tl.load(kp + HALF, mask=n_mask[:, None], other=0.0)
-        if UPCAST:
-            k0 = k0.to(tl.float32)
-            k1 = k1.to(tl.float32)
-        if BLOCK_DPE > 0:  # rope tail first, then the halves accumulate into its scores
-            k_pe = tl.load(K + k_rows[:, None] + DV + offs_pe[None, :],
-                           mask=n_mask[:, None] & pe_mask[None, :], other=0.0)
-            if UPCAST:
-                k_pe = k_pe.to(tl.float32)
-            s = tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
-            s = tl.dot(q0, tl.trans(k0), s, input_precision=PREC)
-        else:
-            s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
-        s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
-        if LOGIT_CAP:
-            s = cap * (1.0 - 2.0 / (tl.exp2(s * (qk_scale * 2.8853900817779268 / cap)) + 1.0))
-            s = s * 1.4426950408889634
-        else:
-            s = s * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a tile of masked pages may leave the running max at -inf: exponents stay finite
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pb = p.to(k0.dtype)
-        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)
-        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None], input_precision=PREC)
-        m_i = m_new
-        page = page_next
-
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    if DIRECT:
-        o = O + b * stride_ob + heads[:, None] * stride_oh + offs_c[None, :]
-        tl.store(o, (acc0 / l_safe[:, None]).to(O.dtype.element_ty), mask=h_mask[:, None])
-        tl.store(o + HALF, (acc1 / l_safe[:, None]).to(O.dtype.element_ty),
-                 mask=h_mask[:, None])
-    else:
-        has_work = start < end
-        po = (PO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos
-              + offs_c[None, :])
-        tl.store(po, acc0 / l_safe[:, None], mask=(h_mask & has_work)[:, None])
-        tl.store(po + HALF, acc1 / l_safe[:, None], mask=(h_mask & has_work)[:, None])
-        tl.store(PL + b * stride_plb + heads * stride_plh + split, m_i + tl.log2(l_safe),
-                 mask=h_mask & has_work)
-        if MERGE:
-            _merge_if_last(CNT, PO, PL, O, b, pid_h, heads, h_mask, tl.cdiv(live, chunk),
-                           stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb,
-                           stride_plh, stride_ob, stride_oh, DV, BLOCK_H, BLOCK_C,
-                           NUM_KV_SPLITS, SPLITS_P2)
+                           stride_plh, DV, BLOCK_H, BLOCK_C, NUM_KV_SPLITS, SPLITS_P2)
 
 
 @triton.jit
 def _decode_reduce(
     SL, PO, PL, O, window, max_len,
     stride_sl, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-    stride_ob, stride_oh,
+    stride_ob, stride_ot, stride_oh,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-    SLIDING: tl.constexpr, USE_PDL: tl.constexpr,
+    SLIDING: tl.constexpr, USE_PDL: tl.constexpr, QLEN: tl.constexpr,
 ):
-    h = tl.program_id(0)
+    row = tl.program_id(0)  # head * QLEN + token
     d_blk = tl.program_id(1)
     b = tl.program_id(2)
-    live, chunk, _, _ = _split_range(SL, b, stride_sl, window, max_len, 0, NUM_KV_SPLITS,
-                                     BLOCK_N, SLIDING)
+    _, live, chunk, _, _ = _split_range(SL, b, stride_sl, window, max_len, 0, NUM_KV_SPLITS,
+                                        BLOCK_N, SLIDING, QLEN)
     n_valid = tl.cdiv(live, chunk)  # splits that hold tokens; the rest were never written
     if USE_PDL:  # seq_lens predate stage 1; its partials are readable after the wait
         tl.extra.cuda.gdc_wait()
 
-    pl = PL + b * stride_plb + h * stride_plh
+    pl = PL + b * stride_plb + row * stride_plh
     offs_s = tl.arange(0, SPLITS_P2)
     lse = tl.load(pl + offs_s, mask=offs_s < n_valid, other=float("-inf"))
     m = tl.max(lse, 0)
@@ -371,7 +331,7 @@ def _decode_reduce(
 
     offs_d = d_blk * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_mask = offs_d < DV
-    po = PO + b * stride_pob + h * stride_poh
+    po = PO + b * stride_pob + row * stride_poh
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for s0 in range(0, n_valid, SPLIT_CHUNK):
         offs_c = s0 + tl.arange(0, SPLIT_CHUNK)
@@ -381,4 +341,5 @@ def _decode_reduce(
                     mask=c_mask[:, None] & d_mask[None, :], other=0.0)
         acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(denom > 0.0, denom, 1.0)
-    tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
+    o_row = O + b * stride_ob + (row % QLEN) * stride_ot + (row // QLEN) * stride_oh
+    tl.store(o_row + offs_d, out.to(O.dtype.element_ty), mask=d_mask)

@@ -4,10 +4,11 @@
 constexprs, workspace) and :func:`stage1_args` / :func:`reduce_args` the argument order;
 they are hashed into the op's source hash. :func:`decode_attention` is what the public
 function and the torch op call: the first call of a signature (shapes, strides, dtypes,
-devices, pointer alignment, whether v aliases k, the flags and the config) checks the
-inputs, resolves the config and launches through Triton's JIT; later calls of that
-signature allocate the output and one partials buffer and launch the compiled kernels
-directly (:mod:`kdispatch.launching`).
+devices, pointer alignment, whether v aliases k, the scale tensors, the flags and the
+config) checks the inputs, resolves the config and launches through Triton's JIT; later
+calls of that signature allocate the output and one partials buffer and launch the
+compiled kernels directly (:mod:`kdispatch.launching`), passing the scale tensors'
+pointers (their values are read by the kernel).
 """
 
 from __future__ import annotations
@@ -21,13 +22,10 @@ import torch
 import triton
 
 from kdispatch import dispatcher as _dispatch
-from kdispatch.kernels._common import interpreting, supports_pdl, tensor_sig
-from kdispatch.kernels.decode_attention.checks import check_call, shares_latent
-from kdispatch.kernels.decode_attention.kernels import (
-    _decode_reduce,
-    _decode_stage1,
-    _decode_stage1_latent,
-)
+from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
+from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
+from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
+from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.launching import (KernelLaunch, direct_launch_enabled, hooks_installed,
                                  make_direct, raw_stream)
 
@@ -69,19 +67,27 @@ class Plan:
     reduce_grid: tuple[int, int, int] | None
     reduce_constexprs: dict[str, Any] | None
     reduce_options: dict[str, Any] | None
-    out_shape: tuple[int, int, int]
-    partials_shape: tuple[int, int, int, int] | None  # (b, hq, splits, dv) fp32, or None
+    out_shape: tuple[int, ...]   # (b, hq, dv), or (b, q_len, hq, dv) for a 4-D q
+    # (b, hq * q_len, splits, dv) fp32 (row = head * q_len + token), or None
+    partials_shape: tuple[int, int, int, int] | None
     counters_shape: tuple[int, int] | None            # merge arrival counters, or None
     log2e_scale: float                                # multiplies ``scale`` into qk_scale
     capped: bool
 
 
 def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, shared: bool,
-         q_float32: bool, sliding: bool, capped: bool) -> Plan:
-    """Kernel choice, grids, constexprs and workspace of ``config`` at these shapes."""
+         q_float32: bool, sliding: bool, capped: bool, q_len: int = 1, q4d: bool = False,
+         kv_fp8: bool = False, scaled: bool = False) -> Plan:
+    """Kernel choice, grids, constexprs and workspace of ``config`` at these shapes.
+
+    ``q_len`` new tokens per request (``q4d``: q and out are 4-D); a tile's rows are the
+    ``q_len x group`` (token, head) pairs of one kv head. ``kv_fp8``: the cache is fp8,
+    dequantized in the kernel (with the scale tensors when ``scaled``) into fp16 dots
+    (``F16_DOTS``, interpreter included: it does fp16 dots right) unless q is fp32.
+    """
     group = hq // hk
     block_h = int(config.block_h)
-    head_blocks = triton.cdiv(group, block_h)
+    head_blocks = triton.cdiv(q_len * group, block_h)
     splits = int(config.num_kv_splits)
     block_d = max(16, _p2(dv))
     dpe = dk - dv
@@ -94,18 +100,21 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d,
         BLOCK_DPE=max(16, _p2(dpe)) if dpe > 0 else 0, BLOCK_N=int(config.block_n),
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, NUM_KV_SPLITS=splits, SLIDING=sliding,
-        LOGIT_CAP=capped, UPCAST=interpreting() and not q_float32, DIRECT=direct,
+        LOGIT_CAP=capped, UPCAST=interpreting() and not q_float32 and not kv_fp8,
+        DIRECT=direct,
         PREC="ieee" if q_float32 else "tf32", USE_PDL=pdl, MERGE=merge,
-        BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2)
+        BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2, QLEN=q_len, KV_FP8=kv_fp8,
+        KV_SCALED=kv_fp8 and scaled, F16_DOTS=kv_fp8 and not q_float32)
     if not latent:
         constexprs["SHARED_KV"] = shared
     reduce_grid = reduce_constexprs = reduce_options = None
     if not direct and not merge:
         block_dv, reduce_warps = reduce_shape(hq, dv)
-        reduce_grid = (hq, triton.cdiv(dv, block_dv), b)
+        reduce_grid = (hq * q_len, triton.cdiv(dv, block_dv), b)
         reduce_constexprs = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
                                  NUM_KV_SPLITS=splits, SPLITS_P2=splits_p2,
-                                 SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=sliding, USE_PDL=pdl)
+                                 SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=sliding, USE_PDL=pdl,
+                                 QLEN=q_len)
         reduce_options = {"num_warps": reduce_warps, "num_stages": 2}
         if pdl:
             reduce_options["launch_pdl"] = True
@@ -113,8 +122,8 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         latent=latent, grid=(hk * head_blocks, splits, b), constexprs=constexprs,
         options={"num_warps": int(config.num_warps), "num_stages": int(config.num_stages)},
         reduce_grid=reduce_grid, reduce_constexprs=reduce_constexprs,
-        reduce_options=reduce_options, out_shape=(b, hq, dv),
-        partials_shape=None if direct else (b, hq, splits, dv),
+        reduce_options=reduce_options, out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
+        partials_shape=None if direct else (b, hq * q_len, splits, dv),
         counters_shape=(b, hk * head_blocks) if merge else None,
         log2e_scale=1.0 if capped else LOG2E, capped=capped)
 
@@ -126,6 +135,14 @@ def _partials_strides(p: Plan) -> tuple[int, ...]:
     return (hq * splits * dv, splits * dv, dv, hq * splits, splits)
 
 
+def _btd_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, token, head) strides of a ``[B, Hq, D]`` or ``[B, Q, Hq, D]`` tensor (token
+    stride 0 for the 3-D form: its one token)."""
+    if t.dim() == 3:
+        return t.stride(0), 0, t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
 def stage1_args(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
                 window: int) -> tuple[int, ...]:
@@ -135,16 +152,16 @@ def stage1_args(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         kv += (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
     cnt_stride = p.counters_shape[1] if p.counters_shape is not None else 0
     return (window, block_table.shape[1] * k_cache.shape[1], k_cache.shape[0],
-            q.stride(0), q.stride(1), *kv,
+            *_btd_strides(q), *kv,
             block_table.stride(0), block_table.stride(1), seq_lens.stride(0),
-            out.stride(0), out.stride(1), *_partials_strides(p), cnt_stride)
+            *_btd_strides(out), *_partials_strides(p), cnt_stride)
 
 
 def reduce_args(p: Plan, k_cache: torch.Tensor, block_table: torch.Tensor,
                 seq_lens: torch.Tensor, out: torch.Tensor, window: int) -> tuple[int, ...]:
     """The reduce's integer runtime arguments after its four pointers."""
     return (window, block_table.shape[1] * k_cache.shape[1], seq_lens.stride(0),
-            *_partials_strides(p), out.stride(0), out.stride(1))
+            *_partials_strides(p), *_btd_strides(out))
 
 
 def _partials_layout(p: Plan) -> tuple[int, int]:
@@ -171,7 +188,8 @@ def _workspace(p: Plan, q: torch.Tensor) -> tuple[Any, Any, Any]:
 
 def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
-             scale: float, logit_cap: float, window: int) -> list[KernelLaunch]:
+             scale: float, logit_cap: float, window: int, k_scale: Any = None,
+             v_scale: Any = None) -> list[KernelLaunch]:
     """The plan's launches as data (stage 1, then the reduce when it has one), with a
     freshly allocated workspace."""
     po, pl, cnt = _workspace(p, q)
@@ -179,7 +197,10 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     pl_arg = pl if pl is not None else out
     cnt_arg = cnt if cnt is not None else pl_arg
     kv = (k_cache,) if p.latent else (k_cache, v_cache)
-    args = (q, *kv, block_table, seq_lens, out, po_arg, pl_arg, cnt_arg,
+    # unscaled: a harmless stand-in pointer the KV_SCALED constexpr keeps unread
+    ks_arg = k_scale if k_scale is not None else seq_lens
+    vs_arg = v_scale if v_scale is not None else seq_lens
+    args = (q, *kv, block_table, seq_lens, out, po_arg, pl_arg, cnt_arg, ks_arg, vs_arg,
             float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
             *stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, out, window))
     kernel = _decode_stage1_latent if p.latent else _decode_stage1
@@ -194,41 +215,46 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
-                scale: float, logit_cap: float, window: int) -> tuple[Any, Any]:
+                scale: float, logit_cap: float, window: int, k_scale: Any,
+                v_scale: Any) -> tuple[Any, Any]:
     """Run the plan through Triton's JIT; returns (stage-1, reduce) compiled kernels."""
     todo = launches(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
-                    window)
+                    window, k_scale, v_scale)
     with torch.cuda.device(q.device) if q.is_cuda else nullcontext():
         compiled = [launch.run() for launch in todo]
     return compiled[0], compiled[1] if len(compiled) > 1 else None
 
 
 def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, sliding_window: Any, logit_cap: float) -> Plan:
+                  v_cache: torch.Tensor, sliding_window: Any, logit_cap: float,
+                  k_scale: Any = None) -> Plan:
     split = config.num_kv_splits > 1
     if split and bool(config.pdl) and bool(config.merge):
         raise ValueError("config: pdl and merge exclude each other (merge launches no reduce)")
     if split and bool(config.pdl) and not supports_pdl(q.device):
         raise ValueError("config: pdl=True needs an NVIDIA GPU of compute capability 9.0 or "
                          f"newer; {q.device} has none")
-    b, hq, dk = q.shape
+    b, q_len, hq, dk = q_dims(q)
     _, page, hk, _ = k_cache.shape
     return plan(config, b, hq, dk, page, hk, v_cache.shape[3], shares_latent(k_cache, v_cache),
-                q.dtype == torch.float32, sliding_window is not None, logit_cap > 0)
+                q.dtype == torch.float32, sliding_window is not None, logit_cap > 0,
+                q_len, q.dim() == 4, k_cache.dtype in FP8_TORCH_DTYPES,
+                k_scale is not None)
 
 
 def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      *, scale: float, out: torch.Tensor | None = None,
-                     sliding_window: int | None = None,
-                     logit_cap: float = 0.0) -> list[KernelLaunch]:
+                     sliding_window: int | None = None, logit_cap: float = 0.0,
+                     k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> list[KernelLaunch]:
     """What :func:`launch_decode_attention` would launch, as data (nothing runs)."""
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
-               logit_cap)
-    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap)
+               logit_cap, k_scale, v_scale)
+    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
     return launches(p, q, k_cache, v_cache, block_table, seq_lens,
                     q.new_empty(p.out_shape) if out is None else out, scale, logit_cap,
-                    int(sliding_window or 0))
+                    int(sliding_window or 0), k_scale, v_scale)
 
 
 def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
@@ -236,7 +262,8 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                             seq_lens: torch.Tensor, *, scale: float,
                             out: torch.Tensor | None = None,
                             sliding_window: int | None = None,
-                            logit_cap: float = 0.0) -> torch.Tensor:
+                            logit_cap: float = 0.0, k_scale: torch.Tensor | None = None,
+                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Run decode attention with an explicit config (no dispatch, no caching).
 
     Parameters are those of :func:`kdispatch.decode_attention`; ``config`` is a
@@ -244,12 +271,12 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     ``num_stages``, ``pdl``, ``merge``).
     """
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
-               logit_cap)
-    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap)
+               logit_cap, k_scale, v_scale)
+    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
     if out is None:
         out = q.new_empty(p.out_shape)
     _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
-                int(sliding_window or 0))
+                int(sliding_window or 0), k_scale, v_scale)
     return out
 
 
@@ -270,7 +297,7 @@ _CACHE: dict[Any, _Entry] = {}
 def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any,
                      scale: float, out: Any = None, sliding_window: Any = None,
                      logit_cap: float = 0.0, batch_invariant: bool = False,
-                     config: Any = None) -> Any:
+                     config: Any = None, k_scale: Any = None, v_scale: Any = None) -> Any:
     """The cached path of the public :func:`kdispatch.decode_attention`."""
     try:
         qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
@@ -281,8 +308,9 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
                v_cache.dtype, v_cache.get_device(), block_table.shape, block_table.stride(),
                block_table.dtype, block_table.get_device(), seq_lens.shape, seq_lens.stride(),
                seq_lens.dtype, seq_lens.get_device(), qp & 15, kp & 15, vp & 15, bp & 15,
-               sp & 15, vp == kp, tensor_sig(out), sliding_window, logit_cap > 0,
-               batch_invariant, None if config is None else id(config))
+               sp & 15, vp == kp, tensor_sig(out), tensor_sig(k_scale), tensor_sig(v_scale),
+               sliding_window, logit_cap > 0, batch_invariant,
+               None if config is None else id(config))
         e = _CACHE.get(sig)
         scalars_ok = (isinstance(scale, float | int) and math.isfinite(scale)
                       and isinstance(logit_cap, float | int) and 0.0 <= logit_cap < math.inf)
@@ -291,14 +319,15 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
     if (e is None or not scalars_ok or e.dispatcher is not _dispatch._DISPATCHER
             or (config is not None and e.config is not config)):
         return _first_call(sig, q, k_cache, v_cache, block_table, seq_lens, scale, out,
-                           sliding_window, logit_cap, batch_invariant, config)
+                           sliding_window, logit_cap, batch_invariant, config, k_scale,
+                           v_scale)
     if e.resolved is not None:
         e.resolved.calls += 1
     p = e.plan
     o = q.new_empty(p.out_shape) if out is None else out
     if e.stage1 is None or hooks_installed() or torch._C._cuda_getDevice() != dev:
         _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale, logit_cap,
-                    e.window)
+                    e.window, k_scale, v_scale)
         return o
     stream = raw_stream(dev)
     op_ = o.data_ptr()
@@ -313,10 +342,12 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
             cnt = counters.data_ptr()
     qks = float(scale) * p.log2e_scale
     cap = float(logit_cap) if p.capped else 1.0
+    ksp = sp if k_scale is None else k_scale.data_ptr()
+    vsp = sp if v_scale is None else v_scale.data_ptr()
     if p.latent:
-        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, qks, cap, *e.tail1)
+        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, ksp, vsp, qks, cap, *e.tail1)
     else:
-        e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, qks, cap, *e.tail1)
+        e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, ksp, vsp, qks, cap, *e.tail1)
     if e.reduce is not None:
         e.reduce(stream, sp, po, pl, op_, *e.tail2[2:])
     del ws, counters  # the caching allocator orders their reuse after these launches
@@ -325,19 +356,20 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
 
 def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
                 seq_lens: Any, scale: Any, out: Any, sliding_window: Any, logit_cap: Any,
-                batch_invariant: Any, config: Any) -> torch.Tensor:
+                batch_invariant: Any, config: Any, k_scale: Any,
+                v_scale: Any) -> torch.Tensor:
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
-               logit_cap)
+               logit_cap, k_scale, v_scale)
     d = _dispatch.dispatcher()
     args = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
             "seq_lens": seq_lens, "sliding_window": sliding_window,
             "batch_invariant": batch_invariant}
     cfg, resolved = d.resolve_entry(OP_NAME, args, config)
-    p = checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap)
+    p = checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
     first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,
-                                logit_cap, window)
+                                logit_cap, window, k_scale, v_scale)
     if sig is None:
         return o
     tail1 = stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, o, window)
@@ -348,7 +380,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     stage1 = reduce = None
     if direct_launch_enabled() and q.is_cuda:
         kernel = _decode_stage1_latent if p.latent else _decode_stage1
-        n_ptr = 8 if p.latent else 9
+        n_ptr = 10 if p.latent else 11
         stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
         if p.reduce_grid is not None and stage1 is not None:
             n2 = 4 + len(reduce_args(p, k_cache, block_table, seq_lens, o, window))
@@ -359,7 +391,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
         _CACHE.clear()
     _CACHE[sig] = _Entry(config=cfg, resolved=resolved, dispatcher=d, plan=p, window=window,
                          stage1=stage1, reduce=reduce, tail1=tail1,
-                         tail2=(ws_numel, pl_offset, *reduce_args(p, k_cache, block_table, seq_lens, o,
-                                                        window)),
+                         tail2=(ws_numel, pl_offset,
+                                *reduce_args(p, k_cache, block_table, seq_lens, o, window)),
                          device=q.get_device())
     return o

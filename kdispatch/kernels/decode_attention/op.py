@@ -9,14 +9,11 @@ from typing import Any
 import torch
 
 from kdispatch.buckets import half_pow2_bucket, pow2_bucket
-from kdispatch.dtypes import dtype_name
+from kdispatch.dtypes import CACHE_DTYPES, dtype_name
 from kdispatch.kernels.decode_attention import spec
-from kdispatch.kernels.decode_attention.checks import check_decode_inputs
-from kdispatch.kernels.decode_attention.kernels import (
-    _decode_reduce,
-    _decode_stage1,
-    _decode_stage1_latent,
-)
+from kdispatch.kernels.decode_attention.checks import check_decode_inputs, q_dims
+from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
+from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.kernels.decode_attention.launch import (
     checked_plan,
     launch_decode_attention,
@@ -65,10 +62,12 @@ class DecodeOp(Op):
             check_decode_inputs(q, args.get("k_cache"), args.get("v_cache"),
                                 args.get("block_table"), args.get("seq_lens"))
             k, v, bt = args["k_cache"], args["v_cache"], args["block_table"]
-            fields = dict(dtype=dtype_name(q.dtype, "q"), kv_dtype=dtype_name(k.dtype, "k_cache"),
-                          num_q_heads=q.shape[1], num_kv_heads=k.shape[2],
-                          head_dim=q.shape[2], head_dim_v=v.shape[3], page_size=k.shape[1],
-                          batch=q.shape[0], context=bt.shape[1] * k.shape[1])
+            b, q_len, hq, dk = q_dims(q)
+            fields = dict(dtype=dtype_name(q.dtype, "q"),
+                          kv_dtype=dtype_name(k.dtype, "k_cache", CACHE_DTYPES),
+                          num_q_heads=hq, num_kv_heads=k.shape[2], head_dim=dk,
+                          head_dim_v=v.shape[3], page_size=k.shape[1], batch=b,
+                          context=bt.shape[1] * k.shape[1], q_len=q_len)
         else:
             args = self.plain_args(args)
             fields = dict(dtype=args["dtype"], kv_dtype=args["kv_dtype"] or args["dtype"],
@@ -76,7 +75,7 @@ class DecodeOp(Op):
                           head_dim=args["head_dim"],
                           head_dim_v=args["head_dim_v"] or args["head_dim"],
                           page_size=args["page_size"], batch=args["batch"],
-                          context=args["context"])
+                          context=args["context"], q_len=args["q_len"])
         if window is not None:
             if isinstance(window, bool) or int(window) < 1:
                 raise ValueError(f"sliding_window: must be None or an int >= 1, got {window!r}")

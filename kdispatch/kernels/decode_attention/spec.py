@@ -3,18 +3,24 @@
 The key is built from shapes, dtypes and the device only. The context field is the
 *capacity* ``block_table.shape[1] * page_size`` (or the sliding window when smaller),
 bucketed with :func:`~kdispatch.buckets.half_pow2_bucket`; ``seq_lens`` values are never
-read, so a config resolved at CUDA-graph capture holds at every replay.
+read, so a config resolved at CUDA-graph capture holds at every replay. ``kv_dtype`` is
+the cache's dtype (q's, or fp8) and ``q_len`` the new tokens per request (q's dim 1 for
+a 4-D q: speculative decoding, multi-token prediction), both host-known and graph-stable.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator, model_validator
 
-from kdispatch.dtypes import DType, itemsize
+from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name, is_fp8, itemsize
 from kdispatch.kernels._common import pdl_capable
 from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
 
 MAX_SPLITS = 256
+#: new query tokens per request a key may carry (speculative decoding, MTP)
+MAX_Q_LEN = 8
 #: partials (fp32 out + lse) may take at most this many bytes at the key's batch bucket
 WORKSPACE_BUDGET = 512 << 20
 #: batch_invariant keys pin batch to 1; their workspace is budgeted for this many rows
@@ -53,9 +59,26 @@ LATENT_MIN_TILES_PER_SPLIT = 16
 #: tokens had won, docs/decode_notes.md v1). The 576-wide MLA tile is fastest at 32 tokens
 #: (kimi b8 x 327,600: 951 vs 1366 us at 64).
 BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((256, 64), (1 << 20, 32))
-#: BLOCK_N for wide MLA head blocks (block_h >= 64): 128 heads at 64 tokens beat 32
-#: (H200 v1: 848 vs 1174 us at batch 32 x 16k).
+#: Latent (MLA) tiles ``(fp8 cache, up to rows, (block_n, num_warps, num_stages))``, the
+#: first match applies. Timed on the H200 (bf16): 16 rows at 32 tokens, 4 warps, 3 stages
+#: (v2: kimi b8 x 327,600 830 vs 993 us at 2 stages; 64 tokens 1366 us); 64 rows (128
+#: heads) at 64 tokens, 8 warps, 2 stages (v1: 848 vs 1174 us at 32 tokens). The others
+#: are not timed yet: the spill-free tiles of ptxas (Triton 3.6, sm_90a) at two resident
+#: programs per SM where one exists -- bf16 32 rows (two tokens x 16 heads) at 16 tokens,
+#: 4 warps: 242 registers (32 tokens spills at 4 warps; 8 warps fit one program per SM);
+#: fp8 16 rows at 16 tokens, 4 warps: 246 registers (32 tokens spills 112 bytes); fp8 32
+#: rows at 16 tokens, 8 warps: 234 registers (4 warps spill 224 bytes). fp8 64-row blocks
+#: spill 0.5-1 KB at every tile (the converted latent feeds mma.sync from registers, no
+#: wgmma), so fp8 latent blocks stop at 32 rows.
+#: BLOCK_N of wide (>= 64-row) GQA blocks, as for MLA (H200 v1, 128 heads).
 BLOCK_N_WIDE_HEADS = 64
+LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
+    (False, 16, (32, 4, 3)),
+    (False, 32, (16, 4, 3)),
+    (False, 1 << 20, (64, 8, 2)),
+    (True, 16, (16, 4, 3)),
+    (True, 1 << 20, (16, 8, 3)),
+)
 #: latent (MLA) grids of at most this many splits merge in the last stage-1 program instead
 #: of a reduce kernel. The merge is serial in the splits. H200 session 6, with the faster
 #: reduce launch (bench/results/nvidia-h200/session6/, merge vs its reduce-kernel twin):
@@ -81,7 +104,7 @@ class DecodeKey(OpKey):
     """Dispatch key of ``decode_attention`` (device fields + shapes, bucketed)."""
 
     dtype: DType
-    kv_dtype: DType
+    kv_dtype: CacheDType
     num_q_heads: int = Field(ge=1, le=4096)
     num_kv_heads: int = Field(ge=1, le=4096)
     head_dim: int = Field(ge=1, le=1024)
@@ -91,9 +114,12 @@ class DecodeKey(OpKey):
     context: int = Field(ge=1, le=1 << 30)
     sliding: bool = False
     batch_invariant: bool = False
+    q_len: int = Field(default=1, ge=1, le=MAX_Q_LEN)
 
     @model_validator(mode="after")
     def _check(self) -> DecodeKey:
+        if self.kv_dtype != self.dtype and not is_fp8(self.kv_dtype):
+            raise ValueError(f"kv_dtype {self.kv_dtype} must be dtype ({self.dtype}) or fp8")
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of "
                              f"num_kv_heads {self.num_kv_heads}")
@@ -107,6 +133,11 @@ class DecodeKey(OpKey):
     @property
     def group(self) -> int:
         return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def rows(self) -> int:
+        """Rows of one kv head's tile: (new token, q head) pairs."""
+        return self.q_len * self.group
 
     @property
     def latent(self) -> bool:
@@ -128,11 +159,20 @@ class DecodeArgs(PlainArgs):
                                    description="V head dim (512 for MLA) [default: head dim].")
     page_size: int = Field(default=16, ge=1, le=4096, description="KV page size.")
     dtype: DType = Field(default="bfloat16", description="Query dtype.")
-    kv_dtype: DType | None = Field(default=None, description="Cache dtype [default: dtype].")
+    kv_dtype: CacheDType | None = Field(default=None,
+                                        description="Cache dtype: dtype, or float8_e4m3fn / "
+                                                    "float8_e4m3fnuz [default: dtype].")
+    q_len: int = Field(default=1, ge=1, le=MAX_Q_LEN,
+                       description="New query tokens per request (speculative decoding).")
     sliding_window: int | None = Field(default=None, ge=1,
                                        description="Attend to the last N tokens only.")
     batch_invariant: bool = Field(default=False,
                                   description="Split count independent of the batch size.")
+
+    @field_validator("kv_dtype", mode="before")
+    @classmethod
+    def _kv_alias(cls, v: Any) -> Any:
+        return dtype_name(v, "kv_dtype", CACHE_DTYPES) if isinstance(v, str) else v
 
 
 class DecodeConfig(OpConfig):
@@ -163,30 +203,45 @@ def workspace_bytes(key: DecodeKey, splits: int) -> int:
     if splits == 1:
         return 0
     rows = INVARIANT_NOMINAL_BATCH if key.batch_invariant else key.batch
-    return rows * key.num_q_heads * splits * (key.head_dim_v + 1) * 4
+    return rows * key.q_len * key.num_q_heads * splits * (key.head_dim_v + 1) * 4
 
 
 def max_splits_for_budget(key: DecodeKey) -> int:
     rows = INVARIANT_NOMINAL_BATCH if key.batch_invariant else key.batch
-    per_split = rows * key.num_q_heads * (key.head_dim_v + 1) * 4
+    per_split = rows * key.q_len * key.num_q_heads * (key.head_dim_v + 1) * 4
     return max(1, min(MAX_SPLITS, WORKSPACE_BUDGET // per_split))
 
 
 def smem_bytes(key: DecodeKey, cfg: DecodeConfig) -> int:
+    """Shared memory of the pipelined K/V tiles and the q block (an estimate). An fp8 tile
+    is pipelined as fp8, plus one tile converted to q's dtype for the dots."""
     esize = itemsize(key.kv_dtype)
     dv = max(16, p2(key.head_dim_v))
     dpe = key.head_dim - key.head_dim_v
     dpe = max(16, p2(dpe)) if dpe else 0
     cols = dv + dpe + (0 if key.latent else dv)
-    return max(1, cfg.num_stages - 1) * cfg.block_n * cols * esize + \
+    converted = cfg.block_n * cols * itemsize(key.dtype) if is_fp8(key.kv_dtype) else 0
+    return max(1, cfg.num_stages - 1) * cfg.block_n * cols * esize + converted + \
         cfg.block_h * (dv + dpe) * itemsize(key.dtype)
 
 
 def default_block_h(key: DecodeKey) -> int:
-    g = key.group
-    if g <= 16:
+    """All rows of a kv head (tokens x heads) in one block up to 64 rows (32 for an fp8
+    latent): MLA with several query tokens reads each latent tile once for all of them."""
+    rows = key.rows
+    if rows <= 16:
         return 16
-    return min(64, p2(g))  # aiter bh64-style regime for wide MLA (128 heads: 2 blocks)
+    if key.latent and is_fp8(key.kv_dtype):
+        return 32  # see LATENT_TILES: 64 fp8 rows spill at every tile
+    return min(64, p2(rows))  # aiter bh64-style regime for wide MLA (128 heads: 2 blocks)
+
+
+def latent_tile(key: DecodeKey, block_h: int) -> tuple[int, int, int]:
+    """``(block_n, num_warps, num_stages)`` of a latent (MLA) block of ``block_h`` rows."""
+    for fp8, rows, tile in LATENT_TILES:
+        if fp8 == is_fp8(key.kv_dtype) and block_h <= rows:
+            return tile
+    return LATENT_TILES[-1][2]
 
 
 def merges(key: DecodeKey, splits: int) -> bool:
@@ -198,13 +253,16 @@ def merges(key: DecodeKey, splits: int) -> bool:
     return key.vendor == "nvidia" and key.latent and 1 < splits <= MERGE_MAX_SPLITS_LATENT
 
 
-def split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
+def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) -> int:
     batch = key.batch  # 1 for batch_invariant keys: the count depends on shapes only
-    base = batch * key.num_kv_heads * cdiv(key.group, block_h)
+    base = batch * key.num_kv_heads * cdiv(key.rows, block_h)
     if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
         return 1
     if key.latent:
-        per_sm = LATENT_PROGRAMS_PER_SM_WIDE if block_h >= 64 else LATENT_PROGRAMS_PER_SM
+        # resident programs per SM: one 8-warp latent block (>= 162 registers per thread
+        # at every latent tile compiled), two 4-warp blocks
+        wide = block_h >= 64 or num_warps >= 8
+        per_sm = LATENT_PROGRAMS_PER_SM_WIDE if wide else LATENT_PROGRAMS_PER_SM
         splits = max(1, per_sm * key.cu_count // base)
         min_tokens = LATENT_MIN_TILES_PER_SPLIT * block_n
     else:
@@ -218,19 +276,20 @@ def split_count(key: DecodeKey, block_h: int, block_n: int) -> int:
 
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
-    block_n = ladder(BLOCK_N_BY_DIM, p2(key.head_dim))
-    if block_h >= 64:
-        block_n = BLOCK_N_WIDE_HEADS
-    warps = 8 if block_h >= 64 else 4
-    splits = split_count(key, block_h, block_n)
-    # H200: a 3-deep pipeline for the 32-token MLA tile (v2: kimi b8 x 327,600: 830 vs
-    # 993 us) and for the 64-token GQA tile of a split grid of ~2 programs per SM
-    # (session 4: b8 x 32k 92.9% vs 70.4% at 2 stages); an unsplit GQA grid is several
-    # waves deep and wants the smaller footprint of 2 stages (session 4 tuning, b64:
-    # 98-100% vs 79-81% at 3 stages; huginn b8: 76% vs 62%)
     if key.latent:
-        stages = 3 if block_n <= 32 and block_h < 64 else 2
+        block_n, warps, stages = latent_tile(key, block_h)
+        splits = split_count(key, block_h, block_n, warps)
     else:
+        # fp8 caches keep the bf16 tile (64 tokens: 151 registers, no spills; not timed)
+        block_n = ladder(BLOCK_N_BY_DIM, p2(key.head_dim))
+        if block_h >= 64:
+            block_n = BLOCK_N_WIDE_HEADS
+        warps = 8 if block_h >= 64 else 4
+        splits = split_count(key, block_h, block_n, warps)
+        # H200: a 3-deep pipeline for the 64-token GQA tile of a split grid of ~2
+        # programs per SM (session 4: b8 x 32k 92.9% vs 70.4% at 2 stages); an unsplit
+        # GQA grid is several waves deep and wants the smaller footprint of 2 stages
+        # (session 4 tuning, b64: 98-100% vs 79-81% at 3 stages; huginn b8: 76% vs 62%)
         stages = 3 if splits > 1 else 2
     # pdl stays off: launching the reduce early measured -3..+3% on most H200 shapes and
     # 9-15% slower at MLA batch 1 with 128-256 splits (session 4d, decode-pdl.json)
@@ -247,7 +306,7 @@ def baseline(key: DecodeKey) -> DecodeConfig:
 
 
 def is_valid(key: DecodeKey, config: DecodeConfig) -> bool:
-    if config.block_h > max(16, p2(key.group)):
+    if config.block_h > max(16, p2(key.rows)):
         return False
     if config.pdl and (config.num_kv_splits == 1 or not pdl_capable(key)):
         return False  # no reduce to launch early / no griddepcontrol on the device

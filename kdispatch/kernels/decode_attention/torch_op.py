@@ -14,7 +14,8 @@ from kdispatch.torch_library import define
 
 _ARGS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
          "float scale, int? sliding_window=None, float logit_cap=0.0, "
-         "bool batch_invariant=False, str? config=None")
+         "bool batch_invariant=False, str? config=None, Tensor? k_scale=None, "
+         "Tensor? v_scale=None")
 SCHEMA = f"decode_attention({_ARGS}) -> Tensor"
 SCHEMA_OUT = f"decode_attention_out({_ARGS}, *, Tensor(a!) out) -> ()"
 
@@ -28,24 +29,29 @@ def parse_config(text: str) -> DecodeConfig:
 def _impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
           sliding_window: int | None = None, logit_cap: float = 0.0,
-          batch_invariant: bool = False, config: str | None = None) -> torch.Tensor:
+          batch_invariant: bool = False, config: str | None = None,
+          k_scale: torch.Tensor | None = None,
+          v_scale: torch.Tensor | None = None) -> torch.Tensor:
     return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, None, sliding_window,
-                   logit_cap, batch_invariant, None if config is None else parse_config(config))
+                   logit_cap, batch_invariant, None if config is None else parse_config(config),
+                   k_scale, v_scale)
 
 
 def _impl_out(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
               sliding_window: int | None = None, logit_cap: float = 0.0,
-              batch_invariant: bool = False, config: str | None = None, *,
+              batch_invariant: bool = False, config: str | None = None,
+              k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, *,
               out: torch.Tensor) -> None:
     _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window, logit_cap,
-            batch_invariant, None if config is None else parse_config(config))
+            batch_invariant, None if config is None else parse_config(config), k_scale,
+            v_scale)
 
 
 def _fake(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, scale: Any,
           sliding_window: Any = None, logit_cap: Any = 0.0, batch_invariant: Any = False,
-          config: Any = None) -> Any:
-    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+          config: Any = None, k_scale: Any = None, v_scale: Any = None) -> Any:
+    return q.new_empty((*q.shape[:-1], v_cache.shape[3]))  # [B, (Q,) Hq, Dv]
 
 
 def _fake_out(*args: Any, out: Any, **kwargs: Any) -> None:

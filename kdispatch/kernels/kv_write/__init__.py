@@ -19,6 +19,11 @@ Variants (the config's ``variant``):
   in a graph of back-to-back layer writes.
 - ``indexed``: two torch indexed assignments, the baseline the benchmarks compare with.
 
+Into an fp8 cache (``float8_e4m3fn``, or ``float8_e4m3fnuz`` on AMD GPUs that use it) the
+writer quantizes: ``x / scale`` in fp32 with the per-tensor ``k_scale``/``v_scale``
+tensors it reads on the device, saturated to the format's range, rounded to nearest even
+(bit for bit ``kdispatch.kernels._common.quantize_fp8``).
+
 Modules: ``kernel`` (the Triton kernel), ``launch`` (plan, launcher, cached path),
 ``checks``, ``spec`` (key, config, heuristic, validity), ``tuning``, ``reference``,
 ``torch_op``, ``api`` (the public function), ``op`` (the op declared here as ``OP``).

@@ -19,7 +19,8 @@ _compiling = torch.compiler.is_compiling
 def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
              value_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
              row_mask: torch.Tensor | None = None, active_rows: torch.Tensor | None = None,
-             config: KVWriteConfig | dict[str, Any] | None = None) -> None:
+             config: KVWriteConfig | dict[str, Any] | None = None,
+             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     """Scatter new K/V rows into a paged cache (the ``kv_write`` op), in place.
 
     Parameters
@@ -28,7 +29,11 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
         float32, float16 or bfloat16; any strides with a contiguous last dim (e.g. views
         into one qkv projection).
     key_cache, value_cache : Tensor ``[num_blocks, page_size, H, D]``
-        Same dtype and device as ``key``; K and V caches may have different strides.
+        ``key``'s device; ``key``'s dtype, or both ``torch.float8_e4m3fn``
+        (``float8_e4m3fnuz`` on AMD GPUs that use it): then each value is stored as
+        ``x / scale`` in fp32, saturated to the format's range (+-448 for e4m3fn) and
+        rounded to nearest even, bit for bit what ``(x.float() / scale).clamp(-448,
+        448).to(torch.float8_e4m3fn)`` gives. K and V caches may have different strides.
     slot_mapping : int32/int64 Tensor ``[T]``
         ``block * page_size + offset``; a negative slot, or one past the cache, skips the
         row (never written, never read).
@@ -38,6 +43,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
         Only rows ``< active_rows[0]`` write (read on device at run/replay time).
     config : KVWriteConfig or mapping, optional
         Skip resolution and launch this config (it must be valid for the call's key).
+    k_scale, v_scale : float32 Tensor ``[1]`` or ``[]``, optional
+        Per-tensor scales of an fp8 cache (both or neither; 1.0 when not given), on the
+        caches' device and read by the kernel, so a captured graph replays with new
+        scales. Given with a non-fp8 cache they are an error.
 
     Notes
     -----
@@ -52,7 +61,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
     """
     if _compiling():
         torch.ops.kdispatch.write_kv(key, value, key_cache, value_cache, slot_mapping,
-                                     row_mask, active_rows, config_json(config))
+                                     row_mask, active_rows, config_json(config), k_scale,
+                                     v_scale)
         return
     launch.write_kv(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
-                    config)
+                    config, k_scale, v_scale)

@@ -1,12 +1,46 @@
-"""The fused K+V paged-cache writer kernel of ``kv_write``."""
+"""The fused K+V paged-cache writer kernel of ``kv_write`` (and its fp8 quantizer)."""
 
 import triton
 import triton.language as tl
 
 
 @triton.jit
+def _fp8_e4m3fn_bits(x):
+    """The float8_e4m3fn bits of fp32 ``x`` (|x| <= 448 or NaN), rounded to nearest even.
+
+    Integer arithmetic, for the interpreter: Triton 3.6's interpreter rounds fp32 -> fp8
+    casts without carrying into the exponent (1.94 becomes 1.0) and without saturating.
+    Subnormals (|x| < 2^-6) are rounded by an fp32 add of 2^14, whose ulp is 2^-9, the
+    fp8 subnormal step; normals get the exponent rebiased (127 -> 7) and the 23-bit
+    mantissa rounded to 3 bits, ties to even, with the carry running into the exponent.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = bits & 0x7FFFFFFF
+    sub = (a.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
+    odd = (a >> 20) & 1
+    nrm = (a + (((7 - 127) << 23) + 0x7FFFF) + odd) >> 20
+    out = tl.where(a < 0x3C800000, sub, nrm)  # 0x3C800000: 2^-6, the smallest fp8 normal
+    out = tl.where(a > 0x7F800000, 0x7F, out)  # NaN stays NaN
+    return (out | sign).to(tl.uint8)
+
+
+@triton.jit
+def _quantize(x, scale, OUT_TY: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr,
+              SOFT_FP8: tl.constexpr):
+    """``x / scale`` in fp32 (IEEE division), saturated to +-FP8_MAX, rounded to fp8."""
+    y = x.to(tl.float32)
+    if SCALED:
+        y = tl.math.div_rn(y, scale)
+    y = tl.clamp(y, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    if SOFT_FP8:
+        return _fp8_e4m3fn_bits(y).to(OUT_TY, bitcast=True)
+    return y.to(OUT_TY, fp_downcast_rounding="rtne")
+
+
+@triton.jit
 def _kv_write_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, mask_ptr, active_ptr,
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, mask_ptr, active_ptr, ks_ptr, vs_ptr,
     num_tokens, num_slots,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kcp, stride_kch,
@@ -15,6 +49,7 @@ def _kv_write_kernel(
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_ACTIVE: tl.constexpr, USE_PDL: tl.constexpr,
+    QUANT: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, SOFT_FP8: tl.constexpr,
 ):
     """One program copies BLOCK_T rows x BLOCK_H heads of K and of V into the cache.
 
@@ -22,6 +57,8 @@ def _kv_write_kernel(
     second (contiguous) one. K/V are loaded without waiting for the slot, so the slot and
     data loads overlap; only the stores depend on the slot. With ``USE_PDL`` it waits for
     the previous grid before touching memory and then lets the next grid launch.
+    With ``QUANT`` (an fp8 cache) each value is stored as ``x / scale`` rounded to fp8,
+    saturating (the scales are read here, so a captured graph sees new scales).
     """
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -60,6 +97,14 @@ def _kv_write_kernel(
         st_mask = write[:, None]
     else:
         st_mask = write[:, None] & (d[None, :] < HEAD_DIM)
+    if QUANT:
+        k_scale = 1.0
+        v_scale = 1.0
+        if SCALED:
+            k_scale = tl.load(ks_ptr)
+            v_scale = tl.load(vs_ptr)
+        k = _quantize(k, k_scale, kc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8)
+        v = _quantize(v, v_scale, vc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8)
 
     kc_off = blk * stride_kcb + off * stride_kcp + h * stride_kch
     vc_off = blk * stride_vcb + off * stride_vcp + h * stride_vch

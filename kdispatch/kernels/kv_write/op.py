@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from kdispatch.buckets import pow2_bucket
-from kdispatch.dtypes import dtype_name
+from kdispatch.dtypes import CACHE_DTYPES, dtype_name
 from kdispatch.kernels.kv_write import spec
 from kdispatch.kernels.kv_write.kernel import _kv_write_kernel
 from kdispatch.kernels.kv_write.launch import launch_kv_write, launches
@@ -46,7 +46,8 @@ class KVWriteOp(Op):
         key = args.get("key")
         if key is not None:
             try:
-                return (key.shape, key.dtype, key.get_device(), args["key_cache"].shape[1],
+                cache = args["key_cache"]
+                return (key.shape, key.dtype, key.get_device(), cache.shape[1], cache.dtype,
                         args.get("row_mask") is not None, args.get("active_rows") is not None)
             except (AttributeError, KeyError, IndexError, TypeError):
                 return ("invalid", id(args))  # not tensors: key() names the argument
@@ -69,14 +70,17 @@ class KVWriteOp(Op):
                                  f"dim] cache, got shape {tuple(cache.shape)}")
             num_tokens, num_heads, head_dim = key.shape
             return spec.KVWriteKey(
-                **fields, dtype=dtype_name(key.dtype, "key"), num_kv_heads=num_heads,
+                **fields, dtype=dtype_name(key.dtype, "key"),
+                kv_dtype=dtype_name(cache.dtype, "key_cache", CACHE_DTYPES),
+                num_kv_heads=num_heads,
                 head_dim=head_dim, page_size=cache.shape[1],
                 tokens=pow2_bucket(max(int(num_tokens), 1), 1, spec.MAX_TOKENS_BUCKET),
                 masking=_masking(args.get("row_mask") is not None,
                                  args.get("active_rows") is not None))
         args = self.plain_args(args)
         return spec.KVWriteKey(
-            **fields, dtype=args["dtype"], num_kv_heads=args["num_kv_heads"],
+            **fields, dtype=args["dtype"], kv_dtype=args["kv_dtype"] or args["dtype"],
+            num_kv_heads=args["num_kv_heads"],
             head_dim=args["head_dim"], page_size=args["page_size"],
             tokens=pow2_bucket(args["tokens"], 1, spec.MAX_TOKENS_BUCKET),
             masking=args["masking"])

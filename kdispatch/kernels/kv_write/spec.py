@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import triton
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from kdispatch.dtypes import DType
+from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name, is_fp8
 from kdispatch.kernels._common import pdl_capable
 from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
 
@@ -36,18 +36,35 @@ BLOCK_T_DEFAULT = 1
 
 
 class KVWriteKey(OpKey):
-    """Dispatch key of ``kv_write``: device fields plus dtype, heads, dim, page, tokens, masking.
+    """Dispatch key of ``kv_write``: device fields plus dtypes, heads, dim, page, tokens,
+    masking.
 
+    ``dtype`` is the new rows' dtype, ``kv_dtype`` the cache's (``dtype`` itself, or fp8:
+    the writer quantizes; a stored key without it is read as ``kv_dtype = dtype``).
     ``tokens`` is the bucketed row count (:func:`~kdispatch.buckets.pow2_bucket`, 1..65536);
     ``masking`` says which of ``row_mask`` / ``active_rows`` the call passes.
     """
 
     dtype: DType
+    kv_dtype: CacheDType
     num_kv_heads: int = Field(ge=1, le=1024)
     head_dim: int = Field(ge=1, le=1024)
     page_size: int = Field(ge=1, le=4096)
     tokens: int = Field(ge=1, le=MAX_TOKENS_BUCKET)
     masking: Masking = "none"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cache_dtype_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kv_dtype" not in data and "dtype" in data:
+            data = {**data, "kv_dtype": data["dtype"]}
+        return data
+
+    @model_validator(mode="after")
+    def _cache_dtype(self) -> KVWriteKey:
+        if self.kv_dtype != self.dtype and not is_fp8(self.kv_dtype):
+            raise ValueError(f"kv_dtype {self.kv_dtype} must be dtype ({self.dtype}) or fp8")
+        return self
 
     @field_validator("tokens")
     @classmethod
@@ -64,9 +81,17 @@ class KVWriteArgs(PlainArgs):
     num_kv_heads: int = Field(ge=1, le=1024, description="KV heads.")
     head_dim: int = Field(ge=1, le=1024, description="Head dim.")
     page_size: int = Field(default=16, ge=1, le=4096, description="KV page size.")
-    dtype: DType = Field(default="bfloat16", description="K/V and cache dtype.")
+    dtype: DType = Field(default="bfloat16", description="Dtype of the new K/V rows.")
+    kv_dtype: CacheDType | None = Field(default=None,
+                                        description="Cache dtype: dtype, or float8_e4m3fn / "
+                                                    "float8_e4m3fnuz [default: dtype].")
     masking: Masking = Field(default="none",
                              description="Which of row_mask / active_rows the call passes.")
+
+    @field_validator("kv_dtype", mode="before")
+    @classmethod
+    def _kv_alias(cls, v: Any) -> Any:
+        return dtype_name(v, "kv_dtype", CACHE_DTYPES) if isinstance(v, str) else v
 
 
 class KVWriteConfig(OpConfig):

@@ -13,7 +13,7 @@ from kdispatch.torch_library import define
 
 SCHEMA = ("write_kv(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
           "Tensor slot_mapping, Tensor? row_mask=None, Tensor? active_rows=None, "
-          "str? config=None) -> ()")
+          "str? config=None, Tensor? k_scale=None, Tensor? v_scale=None) -> ()")
 
 
 @functools.lru_cache(maxsize=256)
@@ -25,13 +25,15 @@ def parse_config(text: str) -> KVWriteConfig:
 def _impl(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
           value_cache: torch.Tensor, slot_mapping: torch.Tensor,
           row_mask: torch.Tensor | None = None, active_rows: torch.Tensor | None = None,
-          config: str | None = None) -> None:
+          config: str | None = None, k_scale: torch.Tensor | None = None,
+          v_scale: torch.Tensor | None = None) -> None:
     _write_kv(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
-              None if config is None else parse_config(config))
+              None if config is None else parse_config(config), k_scale, v_scale)
 
 
 def _fake(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
-          row_mask: Any = None, active_rows: Any = None, config: Any = None) -> None:
+          row_mask: Any = None, active_rows: Any = None, config: Any = None,
+          k_scale: Any = None, v_scale: Any = None) -> None:
     return None
 
 

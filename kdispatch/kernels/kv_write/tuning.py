@@ -16,7 +16,9 @@ from kdispatch.kernels.kv_write.reference import reference_kv_write
 from kdispatch.opdef import NUM_WARPS, OpTuning
 
 _CALL_ARGS = ("key", "value", "key_cache", "value_cache", "slot_mapping", "row_mask",
-              "active_rows")
+              "active_rows", "k_scale", "v_scale")
+#: the fp8 cache dtype model presets tune beside their own (vLLM's ``kv_cache_dtype="fp8"``)
+PRESET_FP8 = "float8_e4m3fn"
 
 
 def _call_args(inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,9 +52,11 @@ class KVWriteTuning(OpTuning):
         """Random inputs at ``key``: K/V as strided views of one qkv projection, random
         (never zero) pre-filled caches, unique random slots including the first and last
         slot of the cache; with masking, some negative slots, a random row mask and an
-        active-row count below ``tokens``."""
+        active-row count below ``tokens``. Into an fp8 cache: random per-tensor scales that
+        map the rows' +-1.25 to +-[500, 625], so the largest values saturate (at 448)."""
         gen = torch.Generator(device="cpu").manual_seed(seed)
         dtype = torch_dtype(key.dtype)
+        cache_dtype = torch_dtype(key.kv_dtype)
         num_tokens, num_heads, head_dim = key.tokens, key.num_kv_heads, key.head_dim
         hd = num_heads * head_dim
         page = key.page_size
@@ -66,8 +70,12 @@ class KVWriteTuning(OpTuning):
         qkv = rand(num_tokens, 3 * hd)
         key_t = qkv[:, hd:2 * hd].view(num_tokens, num_heads, head_dim)
         value_t = qkv[:, 2 * hd:].view(num_tokens, num_heads, head_dim)
-        key_cache = rand(num_blocks, page, num_heads, head_dim)
-        value_cache = rand(num_blocks, page, num_heads, head_dim)
+        key_cache = rand(num_blocks, page, num_heads, head_dim).to(cache_dtype)
+        value_cache = rand(num_blocks, page, num_heads, head_dim).to(cache_dtype)
+        k_scale = v_scale = None
+        if cache_dtype != dtype:
+            k_scale, v_scale = ((torch.rand(1, generator=gen) * 5e-4 + 2e-3).to(device)
+                                for _ in range(2))
         # unique interior slots, then the first and the last slot of the cache
         slots = torch.randperm(num_slots - 2, generator=gen)[:num_tokens] + 1
         slots[0] = 0
@@ -85,6 +93,7 @@ class KVWriteTuning(OpTuning):
         return {"key": key_t, "value": value_t, "key_cache": key_cache,
                 "value_cache": value_cache, "slot_mapping": slots.to(device),
                 "row_mask": row_mask, "active_rows": active_rows,
+                "k_scale": k_scale, "v_scale": v_scale,
                 # pristine pools: the reference must not see a candidate's writes
                 "initial_key_cache": key_cache.clone(),
                 "initial_value_cache": value_cache.clone()}
@@ -109,17 +118,24 @@ class KVWriteTuning(OpTuning):
         return (0.0, 0.0)  # a copy: bit-exact in every dtype
 
     def bytes_moved(self, key: Any) -> int:
-        """K and V rows read once and written once, plus the int64 slots and the masks."""
-        rows = key.tokens * key.num_kv_heads * key.head_dim * itemsize(key.dtype)
+        """K and V rows read once and written once (in the cache's dtype), plus the int64
+        slots, the masks and the scales."""
+        elems = key.tokens * key.num_kv_heads * key.head_dim
         extra = key.tokens * 8
         if key.masking in ("row_mask", "both"):
             extra += key.tokens
         if key.masking in ("active_rows", "both"):
             extra += 4
-        return 4 * rows + extra
+        if key.kv_dtype != key.dtype:
+            extra += 8
+        return 2 * elems * (itemsize(key.dtype) + itemsize(key.kv_dtype)) + extra
 
     def preset_args(self, model: Any) -> list[dict[str, Any]]:
-        """One write per token count of the model: its KV heads (the latent for MLA)."""
+        """One write per token count of the model (its KV heads; the latent for MLA) into
+        a cache of the model's dtype and, for a bf16 model with ``fp8_kv``, into an fp8
+        cache."""
+        fp8 = model.fp8_kv and model.dtype == "bfloat16"
+        kv_dtypes = [model.dtype] + ([PRESET_FP8] if fp8 else [])
         return [{"tokens": t, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-                 "page_size": model.page_size, "dtype": model.dtype}
-                for t in model.write_tokens]
+                 "page_size": model.page_size, "dtype": model.dtype, "kv_dtype": kv}
+                for kv in kv_dtypes for t in model.write_tokens]
