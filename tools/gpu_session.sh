@@ -37,7 +37,7 @@ if has tests; then
   step "ceilings"; python3 tools/ceilings.py --out "$OUT/ceilings.json" 2>&1 | tail -3 | tee -a "$LOG"
   cp "$OUT/ceilings.json" "$STATE/ceilings.json"
   step "gpu tests"
-  timeout 330 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests \
+  timeout ${TEST_SECONDS:-270} python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests \
     tests/torch tests/test_memory_safety.py > "$OUT/gpu-tests.txt" 2>&1
   rc=$?
   tail -15 "$OUT/gpu-tests.txt" | tee -a "$LOG"

@@ -12,15 +12,19 @@ from typing import Any
 import click
 
 from kdispatch._version import __version__
-from kdispatch.cli.common import domain_errors
+from kdispatch.cli.common import close_stores, domain_errors
 
 
 class _Main(click.Group):
-    """The root group: any error below a command becomes one line."""
+    """The root group: any error below a command becomes one line, and the databases a
+    command opened are closed when it ends."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        with domain_errors():
-            return super().invoke(ctx)
+        try:
+            with domain_errors():
+                return super().invoke(ctx)
+        finally:
+            close_stores()
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

@@ -48,10 +48,22 @@ def split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+_OPENED: list[Any] = []
+
+
 def open_store(db: str | None, create: bool = True) -> Any:
+    """A Store for this command; closed (connections released, WAL checkpointed) when the
+    command ends (:func:`close_stores`)."""
     from kdispatch.store import Store
 
-    return Store(db, create=create)
+    store = Store(db, create=create)
+    _OPENED.append(store)
+    return store
+
+
+def close_stores() -> None:
+    while _OPENED:
+        _OPENED.pop().dispose()
 
 
 def shape_fields(key: dict[str, Any]) -> dict[str, Any]:
