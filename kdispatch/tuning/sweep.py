@@ -33,6 +33,7 @@ from kdispatch.tuning.plan import (Role, TuneTarget, candidate_list, plan, plan_
                                    tunable_ops)
 from kdispatch.tuning.precompile import CompileCounts, Target
 from kdispatch.tuning.throughput import Throughput
+from kdispatch.tuning.inputs import rotation_sets, warn_zero_inputs
 from kdispatch.tuning.timing import Timing, time_call
 from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
 
@@ -42,9 +43,6 @@ __all__ = ["KeySummary", "Progress", "SweepResult", "TuneTarget", "TuningError",
 
 log = logging.getLogger(__name__)
 
-#: extra input sets for L2 rotation are capped at this many bytes in total
-ROTATION_BYTES = 2 << 30
-MAX_INPUT_SETS = 8
 
 
 @dataclass(frozen=True)
@@ -104,51 +102,6 @@ class SweepResult:
 # -- tuning ------------------------------------------------------------------------------------
 def _config_digest(cfg: OpConfig) -> str:
     return digest(cfg.model_dump(mode="json"))
-
-
-def _storage_bytes(inputs: dict[str, Any]) -> int:
-    import torch
-
-    seen, total = set(), 0
-    for v in inputs.values():
-        if isinstance(v, torch.Tensor):
-            st = v.untyped_storage()
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-    return total
-
-
-def _warn_zero_inputs(op: str, inputs: dict[str, Any]) -> None:
-    import torch
-
-    for name, v in inputs.items():
-        if not (isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()):
-            continue
-        # one-byte floats (fp8) have no reductions on CUDA: test their bits (0x00 and 0x80
-        # are the zeros)
-        nonzero = ((v.view(torch.uint8) & 0x7F).any() if v.element_size() == 1
-                   else v.any())
-        if not bool(nonzero):
-            log.warning("%s: make_inputs gave an all-zero %r; timing on zeros flatters "
-                        "kernels (random inputs expected)", op, name)
-
-
-def _rotation_sets(spec: Op, key: Any, tdev: Any, seed: int,
-                   first: dict[str, Any]) -> list[dict[str, Any]]:
-    """Input sets to cycle through while timing, so small working sets are not timed hot."""
-    import torch
-
-    if tdev.type != "cuda":
-        return [first]
-    l2 = int(getattr(torch.cuda.get_device_properties(tdev), "L2_cache_size", 0) or 0)
-    moved = max(int(spec.tuning.bytes_moved(key)), 1)
-    if not l2 or moved >= 4 * l2:
-        return [first]
-    per_set = max(_storage_bytes(first), 1)
-    n = min(MAX_INPUT_SETS, math.ceil(4 * l2 / moved), max(1, ROTATION_BYTES // per_set))
-    return [first] + [spec.tuning.make_inputs(key, tdev, seed + 1000 + i)
-                      for i in range(n - 1)]
 
 
 def _timed(spec: Op, config: OpConfig, sets: list[dict[str, Any]], tdev: Any,
@@ -317,11 +270,11 @@ def _measure(spec: Op, key: Any, cfg: OpConfig, role: Role, ref: Any, tdev: Any,
              key_data: dict[str, Any]) -> MeasurementIn:
     """Verify then time one candidate on fresh inputs; never raises for infeasible configs."""
     inputs = spec.tuning.make_inputs(key, tdev, seed)
-    _warn_zero_inputs(spec.name, inputs)
+    warn_zero_inputs(spec.name, inputs)
     verdict = verify(spec.tuning, key, cfg, inputs, ref)
     timing: Timing | None = None
     if verdict.ok:
-        sets = _rotation_sets(spec, key, tdev, seed, inputs)
+        sets = rotation_sets(spec, key, tdev, seed, inputs)
         got = _timed(spec, cfg, sets, tdev, reps)
         del sets
         if isinstance(got, Verdict):
