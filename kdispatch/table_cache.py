@@ -66,8 +66,8 @@ class ShippedTables:
                               f"entries of {path}: {'; '.join(report.rejected[:3])}")
                 status[str(path)] = "; ".join(filter(None, [status.get(str(path)), note]))
             hit = entries.get(kd)
-            if hit is not None:
-                return hit, "hit"
+            if hit is not None:  # "hit", after what the earlier tables on the path said
+                return hit, "; ".join([*outcomes, f"hit in {path}"]) if outcomes else "hit"
             stale = kd in self._stale.get((path, spec.name), ())
             outcomes.append(f"{path.name}: " + ("entry is stale (kernel source changed)"
                                                 if stale else "no entry for this key"))
