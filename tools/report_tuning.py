@@ -29,7 +29,7 @@ from kdispatch.store import Store, digest  # noqa: E402
 from kdispatch.opdef import DEVICE_FIELDS  # noqa: E402
 
 #: key fields left out of the report's shape column (the same for every row of one table)
-QUIET_FIELDS = {*DEVICE_FIELDS, "dtype", "kv_dtype", "page_size", "sliding", "batch_invariant"}
+QUIET_FIELDS = {*DEVICE_FIELDS, "dtype", "page_size", "sliding", "batch_invariant"}
 
 
 def rows(store: Store, device: str, ceilings: dict, min_run: int = 0,
