@@ -105,18 +105,7 @@ class Dispatcher:
 
     # -- the hot path -------------------------------------------------------------------------
     def resolve(self, op: str, args: Mapping[str, Any], config: Any = None) -> OpConfig:
-        if config is not None:
-            return self.explain(op, args, config).config
-        spec = self._ops.get(op) or self._op(op)
-        mk = (op, spec.memo_key(args))
-        try:
-            entry = self._memo.get(mk)
-        except TypeError:  # an unhashable argument: let the key name it
-            return self._resolve_slow(spec, args, None).config
-        if entry is not None:
-            entry.calls += 1
-            return entry.config
-        return self._resolve_slow(spec, args, mk).config
+        return self.resolve_entry(op, args, config)[0]
 
     def resolve_entry(self, op: str, args: Mapping[str, Any], config: Any = None
                       ) -> tuple[OpConfig, Entry | None]:
@@ -128,7 +117,7 @@ class Dispatcher:
         mk = (op, spec.memo_key(args))
         try:
             entry = self._memo.get(mk)
-        except TypeError:
+        except TypeError:  # an unhashable argument: let the key name it
             entry, mk = None, None
         if entry is not None:
             entry.calls += 1

@@ -14,7 +14,7 @@ while a launch hook is installed (profilers) so do all launches, so the hooks se
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,11 +118,3 @@ def make_direct(fn: Any, compiled: Any, grid: Sequence[int], n_args: int
     if compiled is None or not direct_launch_enabled() or hooks_installed():
         return None
     return DirectLaunch(compiled, grid, len(fn.params), n_args)
-
-
-def pointer_or_none(t: Any) -> int | None:
-    """A tensor's data pointer (an optional tensor may be None)."""
-    return None if t is None else t.data_ptr()
-
-
-LaunchFn = Callable[..., None]

@@ -26,7 +26,7 @@ from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_p
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
-from kdispatch.launching import (KernelLaunch, direct_launch_enabled, hooks_installed,
+from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
 
 OP_NAME = "decode_attention"
@@ -284,7 +284,7 @@ class _Entry:
     """One checked call signature: its config and plan, and its direct launches."""
 
     __slots__ = ("config", "resolved", "dispatcher", "plan", "window", "stage1", "reduce",
-                 "tail1", "tail2", "device")
+                 "tail1", "tail2")
 
     def __init__(self, **kw: Any):
         for k, v in kw.items():
@@ -378,7 +378,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
         n_po_pad, ws_numel = _partials_layout(p)
         pl_offset = n_po_pad * 4
     stage1 = reduce = None
-    if direct_launch_enabled() and q.is_cuda:
+    if q.is_cuda:  # make_direct says None where direct launches are off
         kernel = _decode_stage1_latent if p.latent else _decode_stage1
         n_ptr = 10 if p.latent else 11
         stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
@@ -392,6 +392,5 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     _CACHE[sig] = _Entry(config=cfg, resolved=resolved, dispatcher=d, plan=p, window=window,
                          stage1=stage1, reduce=reduce, tail1=tail1,
                          tail2=(ws_numel, pl_offset,
-                                *reduce_args(p, k_cache, block_table, seq_lens, o, window)),
-                         device=q.get_device())
+                                *reduce_args(p, k_cache, block_table, seq_lens, o, window)))
     return o

@@ -24,7 +24,7 @@ from kdispatch.kernels._common import interpreting, quantize_fp8, supports_pdl, 
 from kdispatch.kernels.kv_write.checks import check_inputs
 from kdispatch.kernels.kv_write.kernel import _kv_write_kernel
 from kdispatch.kernels.kv_write.spec import KVWriteConfig
-from kdispatch.launching import (KernelLaunch, direct_launch_enabled, hooks_installed,
+from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
 
 OP_NAME = "kv_write"
@@ -183,12 +183,12 @@ def launch_kv_write(config: KVWriteConfig, key: torch.Tensor, value: torch.Tenso
 class _Entry:
     """One checked call signature: its config, where it came from, its direct launch."""
 
-    __slots__ = ("config", "resolved", "dispatcher", "direct", "plan", "tail", "device")
+    __slots__ = ("config", "resolved", "dispatcher", "direct", "plan", "tail")
 
     def __init__(self, config: Any, resolved: Any, dispatcher: Any, direct: Any,
-                 plan: Plan | None, tail: tuple[int, ...], device: int):
+                 plan: Plan | None, tail: tuple[int, ...]):
         self.config, self.resolved, self.dispatcher = config, resolved, dispatcher
-        self.direct, self.plan, self.tail, self.device = direct, plan, tail, device
+        self.direct, self.plan, self.tail = direct, plan, tail
 
 
 _CACHE: dict[Any, _Entry] = {}
@@ -245,9 +245,9 @@ def _first_call(sig: Any, key: Any, value: Any, key_cache: Any, value_cache: Any
     if sig is None:
         return
     direct = None
-    if p is not None and direct_launch_enabled():
+    if p is not None:  # make_direct says None where direct launches are off
         direct = make_direct(_kv_write_kernel, compiled, p.grid, N_POINTERS + 14)
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     tail = runtime_args(key, value, key_cache, value_cache, slot_mapping, row_mask)
-    _CACHE[sig] = _Entry(cfg, resolved, d, direct, p, tail, key.get_device())
+    _CACHE[sig] = _Entry(cfg, resolved, d, direct, p, tail)
