@@ -41,7 +41,16 @@ program that arrives last merges every split's partials, in split order, into th
 
 Split boundaries depend only on the request's own live length and the config, so a
 request's bits do not depend on what it is batched with. A page id outside
-``[0, num_blocks)`` is masked: its tokens are never read and contribute nothing.
+``[0, num_blocks)`` is never read: the rows of its tokens point at ``KZ``, a row of zeros
+in the cache dtype, and their scores are -inf, so they contribute nothing. The loads'
+masks depend on token positions only (a mask that depends on the loaded page id cost 33%
+at the unsplit GQA tile on the H200: docs/decode_notes.md v8).
+
+fp8 tiles whose dot needs them transposed at 16-bit granularity (V, and the shared
+latent) are converted by :func:`_fp8_f16` on NVIDIA GPUs (``ASM_CVT``): loaded from shared
+memory in a row-vectorized layout, converted, staged as fp16 and read back by
+``ldmatrix``. Converting in the dot-operand layout instead (what Triton does for ``.to``)
+reads the fp8 bytes one at a time.
 """
 
 import triton
@@ -128,16 +137,47 @@ def _dot_operand(x, UPCAST: tl.constexpr, F16_DOTS: tl.constexpr):
 @triton.jit
 def _tile_pages(bt_row, n0, end, page, num_blocks, stride_btp, PAGE: tl.constexpr,
                 BLOCK_N: tl.constexpr):
-    """``(tokens, mask, 64-bit page ids, in-page offsets, next page ids)`` of the tile at
-    ``n0`` whose page ids ``page`` were loaded one tile ahead (so the K/V gather of a tile
-    does not wait on its own block-table load). A page id outside ``[0, num_blocks)`` is
-    masked: never read, its tokens weigh nothing."""
+    """``(tokens, in-range mask, readable mask, 64-bit page ids, in-page offsets, next page
+    ids)`` of the tile at ``n0`` whose page ids ``page`` were loaded one tile ahead (so the
+    K/V gather of a tile does not wait on its own block-table load). Loads are masked by
+    the in-range mask only; a token is readable when it is in range and its page id lies in
+    ``[0, num_blocks)`` (callers point the other rows at the zero row, :func:`_row_ptrs`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_next = offs_n + BLOCK_N
     page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
                         other=0)
-    n_mask = (offs_n < end) & (page >= 0) & (page < num_blocks)
-    return offs_n, n_mask, page.to(tl.int64), offs_n % PAGE, page_next
+    in_range = offs_n < end
+    readable = in_range & (page >= 0) & (page < num_blocks)
+    return offs_n, in_range, readable, page.to(tl.int64), offs_n % PAGE, page_next
+
+
+@triton.jit
+def _row_ptrs(X, page64, in_page, head, readable, stride_p, stride_t, KZ):
+    """Per-token row pointers into cache ``X``: ``KZ`` (a row of zeros) where a token's page
+    id is outside the cache, so a hostile block table is never dereferenced."""
+    return tl.where(readable, X + (page64 * stride_p + in_page * stride_t + head), KZ)
+
+
+@triton.jit
+def _fp8_f16(x):
+    """fp8 e4m3 bytes (as uint8) to fp16, four per instance (``cvt.rn.f16x2.e4m3x2``, exact).
+
+    Marked impure so Triton keeps it where it is written (after a row-vectorized load)
+    instead of moving it past the layout change into the dot operand.
+    """
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+        "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
+
+
+@triton.jit
+def _dequant(x, dtype, ASM_CVT: tl.constexpr):
+    """A loaded fp8 (or interpreter bf16) tile in the dot dtype: :func:`_fp8_f16` with
+    ``ASM_CVT``, else ``.to``."""
+    if ASM_CVT:
+        return _fp8_f16(x.to(tl.uint8, bitcast=True))
+    return x.to(dtype)
 
 
 @triton.jit
@@ -203,7 +243,7 @@ def _merge_if_last(CNT, PO, PL, O, b, pid_h, prow, o_off, r_mask, n_valid,
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, BT, SL, O, PO, PL, CNT, KS, VS,
+    Q, K, V, BT, SL, O, PO, PL, CNT, KS, VS, KZ,
     qk_scale, cap, window, max_len, num_blocks,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
@@ -219,7 +259,7 @@ def _decode_stage1(
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     QLEN: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALED: tl.constexpr,
-    F16_DOTS: tl.constexpr,
+    F16_DOTS: tl.constexpr, ASM_CVT: tl.constexpr,
 ):
     if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
         tl.extra.cuda.gdc_launch_dependents()
@@ -256,31 +296,31 @@ def _decode_stage1(
     offs_n = start + tl.arange(0, BLOCK_N)
     page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
     for n0 in range(start, end, BLOCK_N):
-        offs_n, n_mask, page64, in_page, page_next = _tile_pages(
+        offs_n, in_range, readable, page64, in_page, page_next = _tile_pages(
             bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
-        k_rows = page64 * stride_kb + in_page * stride_kp + k_head
-        k = tl.load(K + k_rows[:, None] + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        k_row = _row_ptrs(K, page64, in_page, k_head, readable, stride_kb, stride_kp, KZ)
+        k = tl.load(k_row[:, None] + offs_d[None, :],
+                    mask=in_range[:, None] & d_mask[None, :], other=0.0)
         if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized)
             k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if BLOCK_DPE > 0:
-            k_pe = tl.load(K + k_rows[:, None] + DV + offs_pe[None, :],
-                           mask=n_mask[:, None] & pe_mask[None, :], other=0.0)
+            k_pe = tl.load(k_row[:, None] + DV + offs_pe[None, :],
+                           mask=in_range[:, None] & pe_mask[None, :], other=0.0)
             if UPCAST or KV_FP8:
                 k_pe = k_pe.to(q.dtype)
             s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
-        s = _visible(s, offs_n, n_mask, row_end, row_lo, QLEN, SLIDING)
+        s = _visible(s, offs_n, readable, row_end, row_lo, QLEN, SLIDING)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         if SHARED_KV:
             v = k
         else:
-            v_rows = page64 * stride_vb + in_page * stride_vp + v_head
-            v = tl.load(V + v_rows[:, None] + offs_d[None, :],
-                        mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+            v_row = _row_ptrs(V, page64, in_page, v_head, readable, stride_vb, stride_vp, KZ)
+            v = tl.load(v_row[:, None] + offs_d[None, :],
+                        mask=in_range[:, None] & d_mask[None, :], other=0.0)
             if UPCAST or KV_FP8:
-                v = v.to(q.dtype)
+                v = _dequant(v, q.dtype, ASM_CVT)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         page = page_next
 

@@ -14,8 +14,10 @@ import triton
 import triton.language as tl
 
 from kdispatch.kernels.decode_attention.kernels import (
+    _dequant,
     _dot_operand,
     _merge_if_last,
+    _row_ptrs,
     _scores_scale,
     _softmax_step,
     _split_range,
@@ -27,7 +29,7 @@ from kdispatch.kernels.decode_attention.kernels import (
 
 @triton.jit
 def _decode_stage1_latent(
-    Q, K, BT, SL, O, PO, PL, CNT, KS, VS,
+    Q, K, BT, SL, O, PO, PL, CNT, KS, VS, KZ,
     qk_scale, cap, window, max_len, num_blocks,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
@@ -42,7 +44,7 @@ def _decode_stage1_latent(
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     QLEN: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALED: tl.constexpr,
-    F16_DOTS: tl.constexpr,
+    F16_DOTS: tl.constexpr, ASM_CVT: tl.constexpr,
 ):
     """Stage 1 for a shared latent (``SHARED_KV``) with ``DV == BLOCK_D``: the latent as halves.
 
@@ -89,18 +91,18 @@ def _decode_stage1_latent(
     offs_n = start + tl.arange(0, BLOCK_N)
     page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
     for n0 in range(start, end, BLOCK_N):
-        offs_n, n_mask, page64, in_page, page_next = _tile_pages(
+        offs_n, in_range, readable, page64, in_page, page_next = _tile_pages(
             bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
-        k_rows = page64 * stride_kb + in_page * stride_kp + k_head
-        kp = K + k_rows[:, None] + offs_c[None, :]
-        k0 = tl.load(kp, mask=n_mask[:, None], other=0.0)
-        k1 = tl.load(kp + HALF, mask=n_mask[:, None], other=0.0)
-        if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized)
-            k0 = k0.to(q0.dtype)
-            k1 = k1.to(q0.dtype)
+        k_row = _row_ptrs(K, page64, in_page, k_head, readable, stride_kb, stride_kp, KZ)
+        kp = k_row[:, None] + offs_c[None, :]
+        k0 = tl.load(kp, mask=in_range[:, None], other=0.0)
+        k1 = tl.load(kp + HALF, mask=in_range[:, None], other=0.0)
+        if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized, staged as
+            k0 = _dequant(k0, q0.dtype, ASM_CVT)  # fp16 for both dots)
+            k1 = _dequant(k1, q0.dtype, ASM_CVT)
         if BLOCK_DPE > 0:  # rope tail first, then the halves accumulate into its scores
-            k_pe = tl.load(K + k_rows[:, None] + DV + offs_pe[None, :],
-                           mask=n_mask[:, None] & pe_mask[None, :], other=0.0)
+            k_pe = tl.load(k_row[:, None] + DV + offs_pe[None, :],
+                           mask=in_range[:, None] & pe_mask[None, :], other=0.0)
             if UPCAST or KV_FP8:
                 k_pe = k_pe.to(q0.dtype)
             s = tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
@@ -109,7 +111,7 @@ def _decode_stage1_latent(
             s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
         s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
-        s = _visible(s, offs_n, n_mask, row_end, row_lo, QLEN, SLIDING)
+        s = _visible(s, offs_n, readable, row_end, row_lo, QLEN, SLIDING)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         pb = p.to(k0.dtype)
         acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)

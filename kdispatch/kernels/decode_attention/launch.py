@@ -104,7 +104,8 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         DIRECT=direct,
         PREC="ieee" if q_float32 else "tf32", USE_PDL=pdl, MERGE=merge,
         BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2, QLEN=q_len, KV_FP8=kv_fp8,
-        KV_SCALED=kv_fp8 and scaled, F16_DOTS=kv_fp8 and not q_float32)
+        KV_SCALED=kv_fp8 and scaled, F16_DOTS=kv_fp8 and not q_float32,
+        ASM_CVT=kv_fp8 and not q_float32 and not interpreting() and not torch.version.hip)
     if not latent:
         constexprs["SHARED_KV"] = shared
     reduce_grid = reduce_constexprs = reduce_options = None
@@ -186,12 +187,33 @@ def _workspace(p: Plan, q: torch.Tensor) -> tuple[Any, Any, Any]:
     return po, pl, cnt
 
 
+_ZERO_ROWS: dict[tuple[Any, Any], torch.Tensor] = {}
+
+
+def zero_row(cache: torch.Tensor, n: int) -> torch.Tensor:
+    """At least ``n`` zeros in ``cache``'s dtype on its device, never written: where stage 1
+    points the rows of a page id outside the cache.
+
+    Kept per (device, dtype) and reused. Under CUDA-graph capture a new one is made for the
+    graph (its zero fill is captured with it) and not kept: its memory is the graph's.
+    """
+    z = _ZERO_ROWS.get((cache.device, cache.dtype))
+    if z is not None and z.numel() >= n:
+        return z
+    z = torch.zeros(max(n, 1024), dtype=cache.dtype, device=cache.device)
+    if not (cache.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _ZERO_ROWS[(cache.device, cache.dtype)] = z
+    return z
+
+
 def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
              scale: float, logit_cap: float, window: int, k_scale: Any = None,
-             v_scale: Any = None) -> list[KernelLaunch]:
+             v_scale: Any = None, zeros: Any = None) -> list[KernelLaunch]:
     """The plan's launches as data (stage 1, then the reduce when it has one), with a
-    freshly allocated workspace."""
+    freshly allocated workspace (and :func:`zero_row` unless ``zeros`` is given)."""
+    if zeros is None:
+        zeros = zero_row(k_cache, max(k_cache.shape[3], v_cache.shape[3]))
     po, pl, cnt = _workspace(p, q)
     po_arg = po if po is not None else out
     pl_arg = pl if pl is not None else out
@@ -201,7 +223,7 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     ks_arg = k_scale if k_scale is not None else seq_lens
     vs_arg = v_scale if v_scale is not None else seq_lens
     args = (q, *kv, block_table, seq_lens, out, po_arg, pl_arg, cnt_arg, ks_arg, vs_arg,
-            float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
+            zeros, float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
             *stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, out, window))
     kernel = _decode_stage1_latent if p.latent else _decode_stage1
     out_launches = [KernelLaunch(kernel, p.grid, args, p.constexprs, p.options)]
@@ -216,10 +238,10 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
                 scale: float, logit_cap: float, window: int, k_scale: Any,
-                v_scale: Any) -> tuple[Any, Any]:
+                v_scale: Any, zeros: Any = None) -> tuple[Any, Any]:
     """Run the plan through Triton's JIT; returns (stage-1, reduce) compiled kernels."""
     todo = launches(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
-                    window, k_scale, v_scale)
+                    window, k_scale, v_scale, zeros)
     with torch.cuda.device(q.device) if q.is_cuda else nullcontext():
         compiled = [launch.run() for launch in todo]
     return compiled[0], compiled[1] if len(compiled) > 1 else None
@@ -284,7 +306,7 @@ class _Entry:
     """One checked call signature: its config and plan, and its direct launches."""
 
     __slots__ = ("config", "resolved", "dispatcher", "plan", "window", "stage1", "reduce",
-                 "tail1", "tail2")
+                 "tail1", "tail2", "zeros")
 
     def __init__(self, **kw: Any):
         for k, v in kw.items():
@@ -327,7 +349,7 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
     o = q.new_empty(p.out_shape) if out is None else out
     if e.stage1 is None or hooks_installed() or torch._C._cuda_getDevice() != dev:
         _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale, logit_cap,
-                    e.window, k_scale, v_scale)
+                    e.window, k_scale, v_scale, e.zeros)
         return o
     stream = raw_stream(dev)
     op_ = o.data_ptr()
@@ -344,10 +366,12 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
     cap = float(logit_cap) if p.capped else 1.0
     ksp = sp if k_scale is None else k_scale.data_ptr()
     vsp = sp if v_scale is None else v_scale.data_ptr()
+    zp = e.zeros.data_ptr()
     if p.latent:
-        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, ksp, vsp, qks, cap, *e.tail1)
+        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, ksp, vsp, zp, qks, cap, *e.tail1)
     else:
-        e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, ksp, vsp, qks, cap, *e.tail1)
+        e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, ksp, vsp, zp, qks, cap,
+                 *e.tail1)
     if e.reduce is not None:
         e.reduce(stream, sp, po, pl, op_, *e.tail2[2:])
     del ws, counters  # the caching allocator orders their reuse after these launches
@@ -368,10 +392,11 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     p = checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
+    zeros = zero_row(k_cache, max(k_cache.shape[3], v_cache.shape[3]))
     first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,
-                                logit_cap, window, k_scale, v_scale)
-    if sig is None:
-        return o
+                                logit_cap, window, k_scale, v_scale, zeros)
+    if sig is None or _ZERO_ROWS.get((k_cache.device, k_cache.dtype)) is not zeros:
+        return o  # a zero row made under graph capture is the graph's: cache nothing
     tail1 = stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, o, window)
     ws_numel = pl_offset = 0
     if p.partials_shape is not None:
@@ -380,7 +405,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     stage1 = reduce = None
     if q.is_cuda:  # make_direct says None where direct launches are off
         kernel = _decode_stage1_latent if p.latent else _decode_stage1
-        n_ptr = 10 if p.latent else 11
+        n_ptr = 11 if p.latent else 12
         stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
         if p.reduce_grid is not None and stage1 is not None:
             n2 = 4 + len(reduce_args(p, k_cache, block_table, seq_lens, o, window))
@@ -390,7 +415,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     _CACHE[sig] = _Entry(config=cfg, resolved=resolved, dispatcher=d, plan=p, window=window,
-                         stage1=stage1, reduce=reduce, tail1=tail1,
+                         stage1=stage1, reduce=reduce, tail1=tail1, zeros=zeros,
                          tail2=(ws_numel, pl_offset,
                                 *reduce_args(p, k_cache, block_table, seq_lens, o, window)))
     return o

@@ -66,17 +66,17 @@ BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((256, 64), (1 << 20, 32))
 #: are not timed yet: the spill-free tiles of ptxas (Triton 3.6, sm_90a) at two resident
 #: programs per SM where one exists -- bf16 32 rows (two tokens x 16 heads) at 16 tokens,
 #: 4 warps: 242 registers (32 tokens spills at 4 warps; 8 warps fit one program per SM);
-#: fp8 16 rows at 16 tokens, 4 warps: 246 registers (32 tokens spills 112 bytes); fp8 32
-#: rows at 16 tokens, 8 warps: 234 registers (4 warps spill 224 bytes). fp8 64-row blocks
-#: spill 0.5-1 KB at every tile (the converted latent feeds mma.sync from registers, no
-#: wgmma), so fp8 latent blocks stop at 32 rows.
+#: fp8 (latent staged as fp16 in shared memory, v8) 16 rows at 32 tokens, 4 warps: 211
+#: registers, no spills (as bf16); fp8 32 rows at 16 or 32 tokens, 8 warps: 248 (4 warps
+#: spill 252 bytes). fp8 latent blocks stop at 32 rows (64 spilled 0.5-1 KB before v8;
+#: not re-checked).
 #: BLOCK_N of wide (>= 64-row) GQA blocks, as for MLA (H200 v1, 128 heads).
 BLOCK_N_WIDE_HEADS = 64
 LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
     (False, 16, (32, 4, 3)),
     (False, 32, (16, 4, 3)),
     (False, 1 << 20, (64, 8, 2)),
-    (True, 16, (16, 4, 3)),
+    (True, 16, (32, 4, 3)),
     (True, 1 << 20, (16, 8, 3)),
 )
 #: latent (MLA) grids of at most this many splits merge in the last stage-1 program instead
