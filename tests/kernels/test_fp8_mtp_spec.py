@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from kdispatch.cli import main
 from kdispatch.device import Device
 from kdispatch.kernels.decode_attention import OP as DECODE
-from kdispatch.kernels.decode_attention.spec import DecodeKey, workspace_bytes
+from kdispatch.kernels.decode_attention.spec import DecodeKey, latent_tile, workspace_bytes
 from kdispatch.kernels.kv_write import OP as WRITE
 from kdispatch.kernels.kv_write import KVWriteKey
 from kdispatch.registry import all_ops
@@ -163,3 +163,18 @@ def test_cli_resolves_fp8_and_multi_token_keys():
                                "--batch", "1", "--context", "64", "--num-q-heads", "4",
                                "--num-kv-heads", "1", "--head-dim", "64", "--q-len", "9"])
     assert bad.exit_code != 0 and "q_len" in bad.output
+
+
+def test_a_short_sweep_of_multi_token_mla_tries_the_smaller_row_block():
+    """Two tokens x 12 heads (24 rows): within the first 8 candidates (the session tune's
+    cap) the rows also run as two 16-row blocks at the heuristic's split count and the
+    16-row latent tile, right after the heuristic's own merge variants."""
+    key = dkey(num_q_heads=12, batch=8, context=327600, q_len=2)
+    h = DECODE.heuristic(key)
+    assert h.block_h == 32
+    first = list(DECODE.tuning.candidates(key))[:8]
+    small = [c for c in first if c.block_h == 16]
+    assert small, first
+    assert small[0].num_kv_splits == h.num_kv_splits
+    assert (small[0].block_n, small[0].num_warps, small[0].num_stages) == latent_tile(key, 16)
+    assert all(DECODE.is_valid(key, c) for c in first)

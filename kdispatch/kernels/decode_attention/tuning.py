@@ -37,18 +37,23 @@ class DecodeTuning(OpTuning):
                      (16, 8, 3), (32, 8, 3)]
         else:
             tiles = [(128, 4, 2), (128, 8, 2), (64, 4, 3), (64, 4, 2), (128, 4, 3), (32, 4, 2)]
-        h_tile = (h.block_n, h.num_warps, h.num_stages)
-        tiles = [h_tile] + [t for t in tiles if t != h_tile]
         heads = sorted({h.block_h} | {b for b in (16, 32, 64) if b <= spec.p2(key.rows)})
-        # order: the heuristic, split-count variants at its tile, tile variants at its split
-        # count, then the rest; a truncated sweep (--max-cands) keeps the most telling ones
+        # order: the heuristic, then its one-step variants (split count, tile, or row block
+        # at the heuristic's tile for that block), nearest first, then the rest; a truncated
+        # sweep (--max-cands) keeps the most telling ones. A smaller row block splits a kv
+        # head's rows (query tokens x heads) over programs that read the same latent tiles
+        # at about the same time (L2 serves the second read)
         split_rank = {s: abs(i - splits.index(h.num_kv_splits)) if h.num_kv_splits in splits
                       else i for i, s in enumerate(splits)}
         out: list[tuple[tuple, DecodeConfig]] = []
         seen = set()
         for bh in heads:
+            h_tile = (h.block_n, h.num_warps, h.num_stages)
+            if key.latent and bh != h.block_h:
+                h_tile = spec.latent_tile(key, bh)
+            bh_tiles = [h_tile] + [t for t in tiles if t != h_tile]
             for s in splits:
-                for ti, (bn, w, st) in enumerate(tiles):
+                for ti, (bn, w, st) in enumerate(bh_tiles):
                     for warps in ((w, 8) if bh >= 64 else (w,)):
                         cfg = DecodeConfig(num_kv_splits=s, block_n=bn, block_h=bh,
                                            num_warps=warps, num_stages=st,
@@ -57,7 +62,8 @@ class DecodeTuning(OpTuning):
                             continue
                         seen.add(cfg)
                         sr = split_rank[s] if s != 1 else 99
-                        rank = (cfg != h, min(sr, ti) > 0, bh != h.block_h, sr + ti, ti)
+                        steps = (sr > 0) + (ti > 0) + (bh != h.block_h)
+                        rank = (cfg != h, steps > 1, sr + ti + (bh != h.block_h), ti)
                         out.append((rank, cfg))
         out.sort(key=lambda rc: rc[0])
         chosen = [c for _, c in out[:spec.MAX_CANDIDATES]]
