@@ -11,6 +11,10 @@ kernel the compiler rejected makes the candidate infeasible without a launch; an
 pool could not do (a launch it could not describe, a kernel it skipped) is compiled by the
 JIT at launch, exactly as without a pool. Verification and timing are untouched.
 
+Inputs that were slow to make (drawn on the host: seconds for a large KV write) are kept,
+within :data:`KEEP_BYTES`, for the sweep to verify and time on (:meth:`CompileAhead.
+take_inputs`), so such a key's inputs are made once per run instead of twice.
+
 The pool is a local :class:`~kdispatch.tuning.compile_pool.CompilePool` or, in a worker of
 ``--device all``, a :class:`RemotePool` that forwards to the one pool the parent process
 owns for the whole host (so two GPUs never compile one variant twice).
@@ -29,6 +33,7 @@ from typing import Any, Literal, Protocol
 
 from kdispatch.store import MeasurementIn
 from kdispatch.tuning.compile_pool import CompilePool, PoolStats
+from kdispatch.tuning.inputs import storage_bytes
 from kdispatch.tuning.precompile import (DEFAULT_COMPILER, LaunchSpec, Outcome, Target,
                                          current_target, default_workers, describe)
 from kdispatch.tuning.throughput import Throughput
@@ -40,6 +45,8 @@ POLL_S = 0.25
 #: a candidate waits at most this long for its kernels; then its launch compiles them (a
 #: kernel takes seconds to compile: only a pool that lost an item waits this long)
 STALL_S = 900.0
+#: inputs that took at least KEEP_MIN_S to make are kept for the sweep, up to KEEP_BYTES
+KEEP_MIN_S, KEEP_BYTES = 0.05, 4 << 30
 
 
 class Pool(Protocol):
@@ -131,6 +138,8 @@ class CompileAhead:
     stats: AheadStats = field(default_factory=AheadStats)
     _ids: dict[tuple[int, str], list[str]] = field(default_factory=dict)
     _sent: set[str] = field(default_factory=set)
+    _kept: dict[int, dict[str, Any]] = field(default_factory=dict)
+    _kept_bytes: int = 0
 
     @classmethod
     def for_run(cls, pool: Pool | None, target: Target | None, interpreter: bool,
@@ -157,11 +166,13 @@ class CompileAhead:
         for ki, op, key, todo in work:
             if not todo:
                 continue
+            t_make = time.monotonic()
             try:
                 inputs = op.tuning.make_inputs(key, self.torch_device, self.seed)
             except Exception as exc:  # noqa: BLE001 - the sweep makes them again and reports
                 log.warning("%s: not compiling ahead (inputs: %s)", op.name, exc)
                 continue
+            self._keep(ki, inputs, time.monotonic() - t_make)
             fresh: dict[str, LaunchSpec] = {}
             for digest, cfg in todo:
                 specs = self._describe(op, cfg, inputs)
@@ -172,6 +183,21 @@ class CompileAhead:
             self._sent |= set(fresh)
             self.pool.submit(list(fresh.items()))
         self.stats.describe_s += time.monotonic() - t0
+
+    def _keep(self, key_index: int, inputs: dict[str, Any], made_s: float) -> None:
+        """Keep inputs that were slow to make while they fit in KEEP_BYTES (describing a
+        launch only reads them: they are as ``make_inputs`` returned them)."""
+        size = storage_bytes(inputs)
+        if made_s >= KEEP_MIN_S and self._kept_bytes + size <= KEEP_BYTES:
+            self._kept[key_index] = inputs
+            self._kept_bytes += size
+
+    def take_inputs(self, key_index: int) -> dict[str, Any] | None:
+        """The inputs of key ``key_index`` kept while describing it (once; else None)."""
+        inputs = self._kept.pop(key_index, None)
+        if inputs is not None:
+            self._kept_bytes -= storage_bytes(inputs)
+        return inputs
 
     def _describe(self, op: Any, cfg: Any, inputs: dict[str, Any]) -> list[LaunchSpec]:
         """The candidate's launches as specs; none when any of them cannot be described

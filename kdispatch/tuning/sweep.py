@@ -3,8 +3,10 @@
 For each key: enumerate the op's candidates, prune them with ``is_valid``, always add the
 heuristic's config (and the baseline), skip configs already measured for this key, source
 hash and toolchain (resume), then verify every remaining candidate against the fp32
-reference on random inputs and time the ones that pass. Every measurement is committed as
-it completes, so a killed tuner loses at most the candidate in flight.
+reference on random inputs and time the ones that pass (:mod:`kdispatch.tuning.measure`:
+the inputs and the reference are made once per key; a candidate whose pilot is clearly
+slower than the key's best full measurement is not timed further). Every measurement is
+committed as it completes, so a killed tuner loses at most the candidate in flight.
 
 The work is a plain list of :class:`~kdispatch.tuning.plan.TuneTarget` (op name + key as
 JSON data), so it can be split and run by worker processes (:func:`tune_shard`), each with
@@ -15,27 +17,25 @@ the database, so one summary covers every shard. Nothing here names an op.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kdispatch.device import Device
-from kdispatch.opdef import Op, OpConfig
+from kdispatch.opdef import OpConfig
 from kdispatch.registry import get_op
-from kdispatch.store import MeasurementIn, Store, digest
+from kdispatch.store import Store, digest
 from kdispatch.tuning.ahead import (CompileAhead, CompileSettings, Pool, open_pool,
                                     rejected_row)
 from kdispatch.tuning.devices import (TuningError, check_kernel_mode, resolve_device,
                                       use_interpreter)
-from kdispatch.tuning.plan import (Role, TuneTarget, candidate_list, plan, plan_misses, shard,
+from kdispatch.tuning.inputs import KeyInputs
+from kdispatch.tuning.measure import KeyBest, measure
+from kdispatch.tuning.plan import (TuneTarget, candidate_list, plan, plan_misses, shard,
                                    tunable_ops)
 from kdispatch.tuning.precompile import CompileCounts, Target
 from kdispatch.tuning.throughput import Throughput
-from kdispatch.tuning.inputs import rotation_sets, warn_zero_inputs
-from kdispatch.tuning.timing import Timing, time_call
-from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
 
 __all__ = ["KeySummary", "Progress", "SweepResult", "TuneTarget", "TuningError",
            "candidate_list", "check_kernel_mode", "plan", "plan_misses", "resolve_device",
@@ -102,15 +102,6 @@ class SweepResult:
 # -- tuning ------------------------------------------------------------------------------------
 def _config_digest(cfg: OpConfig) -> str:
     return digest(cfg.model_dump(mode="json"))
-
-
-def _timed(spec: Op, config: OpConfig, sets: list[dict[str, Any]], tdev: Any,
-           reps: int | None) -> Timing | Verdict:
-    fns = [lambda inp=inp: spec.tuning.run(config, inp) for inp in sets]
-    try:
-        return time_call(fns, tdev, reps=reps)
-    except infeasible_errors() as exc:
-        return Verdict("infeasible", None, f"while timing: {describe(exc)}")
 
 
 def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, store: Store,
@@ -198,6 +189,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                      for ki, w in enumerate(work))
         for ki, (t, spec, key, todo, measured_before) in enumerate(work):
             if claim is not None and not claim(ki):
+                ahead.take_inputs(ki)  # another worker tunes it: drop what was kept for it
                 continue
             result.keys += 1
             result.skipped += measured_before
@@ -211,7 +203,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
 
             report()
             complete = True
-            ref = None
+            inputs: KeyInputs | None = None  # made at the key's first candidate that runs
+            best = KeyBest()
             for cfg, role in todo:
                 if deadline is not None and time.monotonic() >= deadline:
                     result.stopped = "budget"
@@ -232,12 +225,12 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                 if ready.status == "infeasible":
                     m = rejected_row(spec.name, cfg, role, hashes[t.op], t.key, ready.error)
                 else:
-                    if ref is None:
-                        ref_inputs = spec.tuning.make_inputs(key, torch_device, seed)
-                        ref = spec.tuning.reference(ref_inputs)
-                        del ref_inputs
-                    m = _measure(spec, key, cfg, role, ref, torch_device, seed, reps,
-                                 hashes[t.op], t.key)
+                    if inputs is None:
+                        inputs = KeyInputs(spec, key, torch_device, seed,
+                                           made=ahead.take_inputs(ki))
+                    m, timing = measure(spec, key, cfg, role, inputs, torch_device, reps,
+                                        hashes[t.op], t.key, best)
+                    thr.pilot_only += bool(timing is not None and timing.pilot)
                     thr.gpu_s += time.monotonic() - c0
                 if store.record(m, result.run_id):
                     result.measured += 1
@@ -249,6 +242,9 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                 last = (f"{m.status} {m.median_us:.1f} us" if m.median_us is not None
                         else m.status)
                 report(last)
+            if inputs is not None:
+                inputs.close()
+                inputs = None
             if result.stopped:
                 break
             if complete and mark_misses:
@@ -263,35 +259,6 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         ahead.account(thr)
     result.summaries = summarize(store, device, targets)
     return result
-
-
-def _measure(spec: Op, key: Any, cfg: OpConfig, role: Role, ref: Any, tdev: Any,
-             seed: int, reps: int | None, source_hash: str,
-             key_data: dict[str, Any]) -> MeasurementIn:
-    """Verify then time one candidate on fresh inputs; never raises for infeasible configs."""
-    inputs = spec.tuning.make_inputs(key, tdev, seed)
-    warn_zero_inputs(spec.name, inputs)
-    verdict = verify(spec.tuning, key, cfg, inputs, ref)
-    timing: Timing | None = None
-    if verdict.ok:
-        sets = rotation_sets(spec, key, tdev, seed, inputs)
-        got = _timed(spec, cfg, sets, tdev, reps)
-        del sets
-        if isinstance(got, Verdict):
-            verdict = Verdict(got.status, verdict.max_error, got.error)
-        else:
-            timing = got
-    del inputs
-    return MeasurementIn(
-        op=spec.name, key=key_data, config=cfg.model_dump(mode="json"),
-        source_hash=source_hash, status=verdict.status, verified=verdict.ok,
-        is_heuristic=role == "heuristic", is_baseline=role == "baseline",
-        median_us=timing.median_us if timing else None,
-        p20_us=timing.p20_us if timing else None,
-        p80_us=timing.p80_us if timing else None,
-        max_error=verdict.max_error if verdict.max_error is None
-        or math.isfinite(verdict.max_error) else None,
-        error=verdict.error)
 
 
 def summarize(store: Store, device: Device, targets: Sequence[TuneTarget]) -> list[KeySummary]:

@@ -23,6 +23,9 @@ class Throughput:
         time of the timing process's own JIT (which without a pool happens inside them).
     candidates : int
         Candidates measured (rows written) by this run.
+    pilot_only : int
+        Of those, verified candidates timed by their pilot only (clearly slower than their
+        key's best full measurement; :mod:`kdispatch.tuning.measure`).
     jit_compiled, jit_compile_s : int, float
         Kernels the timing process compiled itself at launch, and how long that took (with
         a pool: the kernels it missed).
@@ -39,6 +42,7 @@ class Throughput:
     wall_s: float = 0.0
     gpu_s: float = 0.0
     candidates: int = 0
+    pilot_only: int = 0
     jit_compiled: int = 0
     jit_compile_s: float = 0.0
     jit_loaded: int = 0
@@ -74,6 +78,7 @@ class Throughput:
             t = cls.from_dict(p)
             out.gpu_s += t.gpu_s
             out.candidates += t.candidates
+            out.pilot_only += t.pilot_only
             out.jit_compiled += t.jit_compiled
             out.jit_compile_s += t.jit_compile_s
             out.jit_loaded += t.jit_loaded
@@ -93,7 +98,8 @@ class Throughput:
         return (self.pool or {}).get("wall_s", 0.0) + self.jit_compile_s
 
     def line(self) -> str:
-        """One line: compile seconds, GPU seconds, candidates per second.
+        """One line: compile seconds, GPU seconds, candidates per second (then how many
+        were timed by their pilot only).
 
         >>> Throughput(wall_s=20.0, gpu_s=8.0, candidates=84, jit_compiled=3,
         ...            jit_compile_s=1.5).line()[:46]
@@ -109,5 +115,7 @@ class Throughput:
         else:
             comp = (f"compile {self.jit_compile_s:.1f} s ({self.jit_compiled} kernels "
                     "compiled at launch)")
+        pilots = (f"; {self.pilot_only} timed by their pilot only" if self.pilot_only
+                  else "")
         return (f"{comp}; GPU {self.gpu_s:.1f} s; {self.candidates} candidates in "
-                f"{self.wall_s:.1f} s ({self.per_second:.2f}/s)")
+                f"{self.wall_s:.1f} s ({self.per_second:.2f}/s){pilots}")

@@ -166,9 +166,10 @@ def verify(tuning: Any, key: Any, config: Any, inputs: dict[str, Any],
     config : OpConfig
         The candidate.
     inputs : dict
-        Fresh inputs from ``tuning.make_inputs`` (a candidate may write into them).
+        Inputs equal to those the reference was computed on (the key's working copy, reset
+        before each candidate: a candidate may write into them).
     reference : Tensor or tuple of Tensors
-        ``tuning.reference`` of inputs made with the same seed, computed before any candidate.
+        ``tuning.reference`` of those inputs, computed before any candidate ran on them.
 
     Returns
     -------
