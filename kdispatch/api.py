@@ -24,10 +24,10 @@ def resolve(op: str, /, config: Any = None, **args: Any) -> OpConfig:
     """
     d = _dispatch._DISPATCHER
     if d is not None and config is None:  # the memo hit, inlined (the serving hot path)
-        spec = d._ops.get(op)
-        if spec is not None:
+        hot = d._hot.get(op)  # (the op's memo, its memo_key), once the op was resolved
+        if hot is not None:
             try:
-                entry = d._memo.get((op, spec.memo_key(args)))
+                entry = hot[0].get(hot[1](args))
             except TypeError:  # an unhashable argument: the slow path names it
                 entry = None
             if entry is not None:

@@ -59,7 +59,7 @@ class Explanation:
     consulted: tuple[Consulted, ...]
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One memoized resolution; ``calls`` counts its uses (cached launch paths add theirs)."""
 
@@ -88,8 +88,10 @@ class Dispatcher:
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings.from_env()
-        self._memo: dict[Any, Entry] = {}  # (op, memo key) -> entry
+        self._memo: dict[str, dict[Any, Entry]] = {}  # op -> memo key -> entry
         self._ops: dict[str, Op] = {}
+        #: op -> (its memo, its memo_key): all the public resolve's memo hit reads
+        self._hot: dict[str, tuple[dict[Any, Entry], Any]] = {}
         self._devices: dict[Any, Device] = {}
         self._db: dict[str, dict[tuple[str, str], tuple[dict, str]] | None] = {}
         self._tables = ShippedTables()
@@ -114,19 +116,24 @@ class Dispatcher:
         if config is not None:
             return self.explain(op, args, config).config, None
         spec = self._ops.get(op) or self._op(op)
-        mk = (op, spec.memo_key(args))
+        memo = self._memo[op]
+        mk = spec.memo_key(args)
         try:
-            entry = self._memo.get(mk)
+            entry = memo.get(mk)
         except TypeError:  # an unhashable argument: let the key name it
             entry, mk = None, None
         if entry is not None:
             entry.calls += 1
             return entry.config, entry
-        entry = self._resolve_slow(spec, args, mk)
+        entry = self._resolve_slow(spec, args, mk, memo)
         return entry.config, entry if mk is not None else None
 
     def _op(self, name: str) -> Op:
-        spec = self._ops[name] = get_op(name)
+        spec = get_op(name)
+        with self._lock:
+            memo = self._memo.setdefault(name, {})
+            self._ops[name] = spec
+            self._hot[name] = (memo, spec.memo_key)
         return spec
 
     def explain(self, op: str, args: Mapping[str, Any], config: Any = None) -> Explanation:
@@ -136,16 +143,17 @@ class Dispatcher:
             cfg = self._coerce_config(spec, key, config, "config")
             return Explanation(op, key, cfg, "override", "override",
                                (Consulted("override", "config= argument"),))
-        mk = (op, spec.memo_key(args))
+        memo = self._memo[op]
+        mk = spec.memo_key(args)
         try:
-            entry = self._memo.get(mk)
+            entry = memo.get(mk)
         except TypeError:  # an unhashable argument: let the key name it
             entry, mk = None, None
         if entry is not None:
             entry.calls += 1
             return Explanation(op, entry.key, entry.config, "memo", entry.source,
                                (Consulted("memo", f"hit ({entry.source})"), *entry.consulted))
-        entry = self._resolve_slow(spec, args, mk)
+        entry = self._resolve_slow(spec, args, mk, memo)
         return Explanation(op, entry.key, entry.config, entry.source, entry.source,
                            (Consulted("memo", "miss"), *entry.consulted))
 
@@ -155,15 +163,16 @@ class Dispatcher:
             return spec.key(self.device(args.get("device")), spec.plain_args(args))
         return spec.key(self.device(spec.device_of(args)), args)
 
-    def _resolve_slow(self, spec: Op, args: Mapping[str, Any], mk: Any) -> Entry:
+    def _resolve_slow(self, spec: Op, args: Mapping[str, Any], mk: Any,
+                      memo: dict[Any, Entry]) -> Entry:
         key = self._key(spec, args)
         with self._lock:
-            entry = self._memo.get(mk) if mk is not None else None
+            entry = memo.get(mk) if mk is not None else None
             if entry is not None:
                 return entry
             entry = self._chain(spec, key)
             if mk is not None:
-                self._memo[mk] = entry
+                memo[mk] = entry
         return entry
 
     def _chain(self, spec: Op, key: OpKey) -> Entry:
@@ -303,7 +312,7 @@ class Dispatcher:
 
     def stats(self) -> Stats:
         s = Stats(db_error=self.db_error, tables=self._tables.summary())
-        for entry in list(self._memo.values()):
+        for entry in [e for memo in list(self._memo.values()) for e in list(memo.values())]:
             s.resolutions += entry.calls
             s.memo_hits += entry.calls - 1
             s.by_source[entry.source] = s.by_source.get(entry.source, 0) + entry.calls

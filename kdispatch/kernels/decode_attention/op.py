@@ -37,11 +37,19 @@ class DecodeOp(Op):
     tuning = DecodeTuning()
 
     def memo_key(self, args: Mapping[str, Any]) -> Hashable:
+        """What :meth:`key` reads of a tensor-form call, in six tensor-attribute reads
+        (the serving hot path: ``kdispatch.resolve``'s memo hit is this and a dict lookup).
+
+        q's shape (batch, q_len, heads, head dim), dtype and device (type and index); the
+        cache dtype; v_cache's shape, whose first three dims are k_cache's in every call
+        the key accepts (page size, kv heads; the last is the v head dim); the block-table
+        shape (its width is the context); the window and batch_invariant. A hit does not
+        re-check the inputs: only a miss runs :meth:`key`'s checks.
+        """
         q = args.get("q")
         if q is not None:
             try:
-                k = args["k_cache"]
-                return (q.shape, q.dtype, q.get_device(), k.shape, k.dtype,
+                return (q.shape, q.dtype, q.device, args["k_cache"].dtype,
                         args["v_cache"].shape, args["block_table"].shape,
                         args.get("sliding_window"), args.get("batch_invariant", False))
             except (AttributeError, KeyError):  # not tensors: key() names the argument
@@ -77,7 +85,11 @@ class DecodeOp(Op):
                           page_size=args["page_size"], batch=args["batch"],
                           context=args["context"], q_len=args["q_len"])
         if window is not None:
-            if isinstance(window, bool) or int(window) < 1:
+            try:
+                ok = not isinstance(window, bool) and int(window) >= 1
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
                 raise ValueError(f"sliding_window: must be None or an int >= 1, got {window!r}")
             fields["context"] = min(fields["context"], int(window))
         fields["context"] = half_pow2_bucket(fields["context"], floor=16)

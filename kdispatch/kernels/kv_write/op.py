@@ -47,7 +47,7 @@ class KVWriteOp(Op):
         if key is not None:
             try:
                 cache = args["key_cache"]
-                return (key.shape, key.dtype, key.get_device(), cache.shape[1], cache.dtype,
+                return (key.shape, key.dtype, key.device, cache.shape[1], cache.dtype,
                         args.get("row_mask") is not None, args.get("active_rows") is not None)
             except (AttributeError, KeyError, IndexError, TypeError):
                 return ("invalid", id(args))  # not tensors: key() names the argument
