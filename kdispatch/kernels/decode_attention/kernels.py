@@ -111,9 +111,20 @@ def _tile_rows(pid_h, b, seq_len, window,
 
 
 @triton.jit
-def _visible(s, offs_n, n_mask, row_end, row_lo, QLEN: tl.constexpr, SLIDING: tl.constexpr):
-    """Scores ``s`` with every (row, token) the row may not see set to -inf."""
-    valid = n_mask[None, :]
+def _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_btp,
+             PAGE: tl.constexpr, QLEN: tl.constexpr, SLIDING: tl.constexpr):
+    """Scores ``s`` with every (row, token) the row may not see set to -inf: tokens out of
+    range, tokens of a page id outside ``[0, num_blocks)``, and with several query tokens
+    the causal and window limits of each row.
+
+    The tile's page ids are loaded again here, in the scores' layout (cache hits: the
+    gather loaded them a tile ahead). Deriving the mask from the prefetched ids instead
+    kept them in a second layout across iterations: +28 registers at the GQA tile (156 vs
+    128), one resident program per SM fewer and 33% slower at the unsplit GQA grid
+    (docs/decode_notes.md v8).
+    """
+    pg = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=in_range, other=-1)
+    valid = (in_range & (pg >= 0) & (pg < num_blocks))[None, :]
     if QLEN > 1:  # causal among the new tokens: each row has its own visible range
         valid = valid & (offs_n[None, :] < row_end[:, None])
         if SLIDING:
@@ -311,7 +322,8 @@ def _decode_stage1(
                 k_pe = k_pe.to(q.dtype)
             s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
-        s = _visible(s, offs_n, readable, row_end, row_lo, QLEN, SLIDING)
+        s = _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_btp,
+                     PAGE, QLEN, SLIDING)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         if SHARED_KV:
             v = k

@@ -111,7 +111,8 @@ def _decode_stage1_latent(
             s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
         s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
-        s = _visible(s, offs_n, readable, row_end, row_lo, QLEN, SLIDING)
+        s = _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_btp,
+                     PAGE, QLEN, SLIDING)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         pb = p.to(k0.dtype)
         acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)
