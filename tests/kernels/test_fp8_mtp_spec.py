@@ -63,18 +63,19 @@ def test_decode_plain_form_and_validation():
 def test_mla_two_tokens_share_one_block_and_the_grid():
     """DeepSeek TP8 with two tokens: 32 rows (2 tokens x 16 heads) in one block, so every
     latent tile is read once for both tokens; the grid (and split count) equals Q=1's.
-    fp8 latents take the bf16 16-row tile (32 tokens: no spills since the latent is staged
-    as fp16) and stop at 32-row blocks at 8 warps (4 spill): one per SM."""
+    The tiles are the session-8 full-space tune's bests: bf16 32 rows at 32 tokens, 4 warps;
+    fp8 latents take the bf16 16-row tile (no spills since the latent is staged as fp16)
+    and stop at 32-row blocks at 64 tokens, 8 warps: one per SM."""
     one, two = DECODE.heuristic(dkey()), DECODE.heuristic(dkey(q_len=2))
     assert (one.block_h, two.block_h) == (16, 32)
-    assert (two.block_n, two.num_warps, two.num_kv_splits) == (16, 4, one.num_kv_splits)
+    assert (two.block_n, two.num_warps, two.num_kv_splits) == (32, 4, one.num_kv_splits)
     for kw in (dict(q_len=2), dict(num_q_heads=128, q_len=2), dict(kv_dtype=FP8),
                dict(kv_dtype=FP8, q_len=2), dict(kv_dtype=FP8, num_q_heads=128)):
         assert DECODE.is_valid(dkey(**kw), DECODE.heuristic(dkey(**kw))), kw
     assert DECODE.heuristic(dkey(num_q_heads=128, q_len=2)).block_h == 64
     f1, f2 = DECODE.heuristic(dkey(kv_dtype=FP8)), DECODE.heuristic(dkey(kv_dtype=FP8, q_len=2))
     assert (f1.block_h, f1.block_n, f1.num_warps) == (16, 32, 4)
-    assert (f2.block_h, f2.block_n, f2.num_warps) == (32, 16, 8)
+    assert (f2.block_h, f2.block_n, f2.num_warps, f2.num_stages) == (32, 64, 8, 2)
     assert f2.num_kv_splits == max(1, f1.num_kv_splits // 2)  # one resident program per SM
     assert DECODE.heuristic(dkey(kv_dtype=FP8, num_q_heads=128)).block_h == 32
     k8 = dkey(q_len=8, num_q_heads=128, batch=512)

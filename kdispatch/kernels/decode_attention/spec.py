@@ -38,10 +38,12 @@ SPLIT_OFF_WAVES = 2.0
 #: b8 x 32k at 4 splits (256) 92.9% vs 83.9% at 5 (320); b1 x 8k at 16-33 splits 40-41%.
 GQA_PROGRAMS_PER_SM = 2
 #: minimum BLOCK_N tiles per split, by context bucket: a split's fixed cost is about one
-#: to two tiles (q load, partial store, reduce read), so <4 tiles wastes most of it.
+#: to two tiles (q load, partial store, reduce read), so <4 tiles wastes most of it. H200
+#: full-space tune (session 8, 128-token tiles): batch 1 x 4k-8k best at 4 tiles per split
+#: (ouro 8 splits, llama 16), batch 1 x 32k at 16 (16 splits: 39.0 us vs 44.5 at 33).
 MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
-    (4096, 2),        # short contexts: latency dominates, split finely to fill the device
-    (1 << 30, 4),     # long contexts: at least 4 tiles amortize the per-split cost
+    (8192, 4),        # short contexts: latency dominates, split finely to fill the device
+    (1 << 30, 16),    # long contexts: fewer, longer splits amortize the per-split cost
 )
 #: Absorbed MLA (latent keys) fills whole waves of resident programs instead: programs
 #: = floor(slots / base) * base, slots = SMs x resident programs per SM (2 for the 32-token
@@ -53,31 +55,29 @@ LATENT_PROGRAMS_PER_SM_WIDE = 1
 #: minimum tiles per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles)
 #: 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3
 LATENT_MIN_TILES_PER_SPLIT = 16
-#: BLOCK_N by padded q/k head dim. H200 session-4 sweep: GQA D=128 at 64 tokens with a
-#: 3-deep pipeline beats 128 tokens at 2 stages at every split count's best (b4 x 262k:
-#: 99.0% vs 97.6%; b8 x 32k: 92.9% vs 91.0%; b1 x 8k: 41.1% vs 37.6%); (at 2 stages 128
-#: tokens had won, docs/decode_notes.md v1). The 576-wide MLA tile is fastest at 32 tokens
-#: (kimi b8 x 327,600: 951 vs 1366 us at 64).
-BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((256, 64), (1 << 20, 32))
+#: BLOCK_N by padded q/k head dim. H200 full-space tune (session 8, 3 stages, the kernels
+#: with the zero-row page guard): GQA D<=128 best at 128 tokens at every preset key (bf16
+#: b4 x 262k 952 vs 965 us at 64; fp8 640 vs 941 us; D=96 too). Session 4 (older kernels,
+#: 2 stages at 128) had 64 tokens. The 576-wide MLA tile is fastest at 32 tokens (kimi
+#: b8 x 327,600: 951 vs 1366 us at 64).
+BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 128), (256, 64), (1 << 20, 32))
 #: Latent (MLA) tiles ``(fp8 cache, up to rows, (block_n, num_warps, num_stages))``, the
-#: first match applies. Timed on the H200 (bf16): 16 rows at 32 tokens, 4 warps, 3 stages
+#: first match applies. Timed on the H200: bf16 16 rows at 32 tokens, 4 warps, 3 stages
 #: (v2: kimi b8 x 327,600 830 vs 993 us at 2 stages; 64 tokens 1366 us); 64 rows (128
-#: heads) at 64 tokens, 8 warps, 2 stages (v1: 848 vs 1174 us at 32 tokens). The others
-#: are not timed yet: the spill-free tiles of ptxas (Triton 3.6, sm_90a) at two resident
-#: programs per SM where one exists -- bf16 32 rows (two tokens x 16 heads) at 16 tokens,
-#: 4 warps: 242 registers (32 tokens spills at 4 warps; 8 warps fit one program per SM);
-#: fp8 (latent staged as fp16 in shared memory, v8) 16 rows at 32 tokens, 4 warps: 211
-#: registers, no spills (as bf16); fp8 32 rows at 16 or 32 tokens, 8 warps: 248 (4 warps
-#: spill 252 bytes). fp8 latent blocks stop at 32 rows (64 spilled 0.5-1 KB before v8;
-#: not re-checked).
+#: heads) at 64 tokens, 8 warps, 2 stages (v1: 848 vs 1174 us at 32 tokens). Session 8's
+#: full-space tune (v8): bf16 32 rows (two tokens x 16 heads) best at 32 tokens, 4 warps,
+#: 3 stages at every two-token key (1.37-1.63x faster than 16 tokens, though ptxas
+#: reports 68 bytes of spills); fp8 16 rows as bf16 (211 registers, no spills); fp8 32
+#: rows at 64 tokens, 8 warps, 2 stages (1.9-2.5x faster than 16 tokens at 3). fp8
+#: latent blocks stop at 32 rows (64 spilled 0.5-1 KB before v8; not re-checked).
 #: BLOCK_N of wide (>= 64-row) GQA blocks, as for MLA (H200 v1, 128 heads).
 BLOCK_N_WIDE_HEADS = 64
 LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
     (False, 16, (32, 4, 3)),
-    (False, 32, (16, 4, 3)),
+    (False, 32, (32, 4, 3)),
     (False, 1 << 20, (64, 8, 2)),
     (True, 16, (32, 4, 3)),
-    (True, 1 << 20, (16, 8, 3)),
+    (True, 1 << 20, (64, 8, 2)),
 )
 #: latent (MLA) grids of at most this many splits merge in the last stage-1 program instead
 #: of a reduce kernel. The merge is serial in the splits. H200 session 6, with the faster
@@ -290,7 +290,7 @@ def heuristic(key: DecodeKey) -> DecodeConfig:
         # programs per SM (session 4: b8 x 32k 92.9% vs 70.4% at 2 stages); an unsplit
         # GQA grid is several waves deep and wants the smaller footprint of 2 stages
         # (session 4 tuning, b64: 98-100% vs 79-81% at 3 stages; huginn b8: 76% vs 62%)
-        stages = 3 if splits > 1 else 2
+        stages = 3
     # pdl stays off: launching the reduce early measured -3..+3% on most H200 shapes and
     # 9-15% slower at MLA batch 1 with 128-256 splits (session 4d, decode-pdl.json)
     cfg = DecodeConfig(num_kv_splits=splits, block_n=block_n, block_h=block_h,

@@ -1,0 +1,44 @@
+"""The heuristics against a recorded full-space tune (no GPU: the H200's measurements).
+
+``bench/results/nvidia-h200/session8/h200.sqlite`` holds every valid candidate of every
+preset key (88 keys, decode and KV writes, one H200, session 8). Today's heuristic config of
+each key is looked up among them: it must have been measured and come within 10% of the
+key's best at all but a few keys, so a heuristic edit that loses what the tune found fails
+here. (The recorded kernels are session 8's; when the kernels change, re-tune and record
+again.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kdispatch.registry import get_op
+from kdispatch.store import Store, digest
+
+DB = Path(__file__).resolve().parents[1] / "bench/results/nvidia-h200/session8/h200.sqlite"
+
+
+def _ratios() -> dict[str, float]:
+    by_key: dict[tuple[str, str], list] = {}
+    for m in Store(f"sqlite:///{DB}").measurements(device_key="nvidia-h200"):
+        by_key.setdefault((m.op, m.key_digest), []).append(m)
+    out = {}
+    for (op, _), ms in by_key.items():
+        spec = get_op(op)
+        key = spec.parse_key(json.loads(ms[0].key_json))
+        ok = [m for m in ms if m.status == "ok" and m.verified and m.median_us is not None
+              and not m.is_baseline]
+        best = min(m.median_us for m in ok)
+        want = digest(spec.heuristic(key).model_dump(mode="json"))
+        heur = [m.median_us for m in ok if m.config_digest == want]
+        out[f"{op} {ms[0].key_json}"] = heur[0] / best if heur else float("inf")
+    return out
+
+
+def test_the_heuristics_come_within_10_percent_of_the_recorded_best():
+    ratios = _ratios()
+    assert len(ratios) == 88
+    far = {k: round(r, 2) for k, r in ratios.items() if r > 1.10}
+    assert len(far) <= 8, far
+    assert max(r for r in ratios.values() if r != float("inf")) < 1.25, far
