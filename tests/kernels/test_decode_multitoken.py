@@ -133,7 +133,7 @@ def test_strided_q_and_out(dev):
 
 def test_public_call_key_and_batch_invariance(dev):
     q_len = 2
-    args = make_case(dev, q_len=q_len, lens=[300, 7, 512], hq=4, hk=1, pages=32, seed=12)
+    args = make_case(dev, q_len=q_len, lens=[300, 7, 512], hq=4, hk=1, pages=64, seed=12)
     q, k, v, bt, sl = args
     kw = dict(scale=0.125, batch_invariant=True)
     batched = kdispatch.decode_attention(*args, **kw)
