@@ -1,0 +1,41 @@
+"""tools/ab_decode.py: the same-run A/B harness (both sides in the interpreter here)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "ab_decode.py"
+
+
+def test_two_trees_alternate_and_report_a_ratio_per_case_and_config(tmp_path):
+    out = tmp_path / "ab.json"
+    cfg = '{"num_kv_splits": 2, "block_n": 16, "block_h": 16, "num_warps": 4, "num_stages": 1}'
+    res = subprocess.run([sys.executable, str(TOOL), "--cpu", "--ref-path", str(ROOT),
+                          "--case", "gqa:2,4,2,32,32,40", "--case", "mla8:1,4,1,48,32,33,fp8",
+                          "--config", "heuristic", "--config", cfg, "--rounds", "2",
+                          "--reps", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["case"], r["config"]) for r in rows] == [
+        ("gqa", "heuristic"), ("gqa", cfg), ("mla8", "heuristic"), ("mla8", cfg)]
+    for r in rows:
+        assert len(r["rounds_ref"]) == len(r["rounds_cur"]) == 2
+        assert r["cur_over_ref"] > 0 and r["resolved_cur"]["num_kv_splits"] >= 1
+    assert rows[1]["resolved_cur"]["num_kv_splits"] == 2
+    assert "cur/ref" in res.stdout
+
+
+@pytest.mark.parametrize("bad", ["x", "x:1,2,3", "x:1,2,3,4,5,6,fp16"])
+def test_a_malformed_case_names_itself(bad):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from ab_decode import parse_case
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(ValueError, match="--case"):
+        parse_case(bad)
