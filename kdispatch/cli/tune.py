@@ -118,9 +118,11 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
             runs, results = parallel.tune_devices(device, open_store(db), plan,
                                                   {**run, "compile_settings": settings}, ui)
             return ui.finish(runs, results, budget_minutes)
-        dev, tdev = sweep.resolve_device(device)
-        # the pool starts first: its processes import while the keys are planned
-        with open_pool(settings, interpreter=dev.is_interpreter) as pool:
+        # the pool starts first: its processes import while torch, the GPU and the keys
+        # are set up here (the interpreter, on a cpu device, compiles nothing ahead)
+        interpreter = device.strip().lower() in ("cpu", "interpreter", "cpu-interpreter")
+        with open_pool(settings, interpreter=interpreter) as pool:
+            dev, tdev = sweep.resolve_device(device)
             store = open_store(db)
             plan["space"] = SpaceRule(mode, budget_minutes, settings.workers_for(
                 1, dev.is_interpreter))

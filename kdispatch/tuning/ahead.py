@@ -1,30 +1,40 @@
-"""The sweep's side of compiling ahead: describe every candidate, submit, wait per candidate.
+"""The sweep's side of compiling ahead: describe keys for the pool as the timing goes.
 
-Before the first candidate is timed, :meth:`CompileAhead.submit` makes each key's inputs
-once on the tuning device, asks the op for every candidate's launches
-(:meth:`~kdispatch.opdef.OpTuning.launches`), turns them into
-:class:`~kdispatch.tuning.precompile.LaunchSpec` items and submits them to a compile pool
-in the order the sweep will time them, so the pool runs ahead of the timing. Before a
-candidate is verified, :meth:`CompileAhead.ready` waits for its kernels (moving them to the
-front of the queue): the JIT call that follows only loads them from the Triton cache. A
-kernel the compiler rejected makes the candidate infeasible without a launch; anything the
-pool could not do (a launch it could not describe, a kernel it skipped) is compiled by the
-JIT at launch, exactly as without a pool. Verification and timing are untouched.
+The sweep gives :meth:`CompileAhead.plan` its keys in the order it will time them; nothing
+is described yet. A key is *described* by making its inputs once on the tuning device,
+asking the op for every candidate's launches (:meth:`~kdispatch.opdef.OpTuning.launches`)
+and submitting them as :class:`~kdispatch.tuning.precompile.LaunchSpec` items to a compile
+pool, which compiles them first in, first out. The timing starts at once and the describing
+is fitted around it, so compiling overlaps timing instead of preceding it:
+
+- :meth:`CompileAhead.own` describes the key about to be timed if it was not described yet
+  (its inputs are kept for the sweep);
+- :meth:`CompileAhead.ready` waits for one candidate's own kernels (moving them to the
+  front of the queue), and while it waits it describes the next keys;
+- :meth:`CompileAhead.top_up` describes one more key before a candidate when fewer of this
+  process's kernels are queued or compiling than the pool has processes.
+
+So the keys are submitted in timing order, a candidate waits only for its own kernels, and
+the pool keeps compiling later keys while earlier ones are timed. Workers sharing one pool
+(``--device all``) feed it each key once, in the shared key order (``first`` in
+:meth:`CompileAhead.plan`), and each describes the keys it claims for timing itself (the
+pool compiles a kernel once, whoever asked first). A kernel the compiler rejected makes the
+candidate infeasible without a launch; anything the pool could not do (a launch it could
+not describe, a kernel it skipped) is compiled by the JIT at launch, exactly as without a
+pool. Verification and timing are untouched.
 
 Inputs that were slow to make (drawn on the host: seconds for a large KV write) are kept,
 within :data:`KEEP_BYTES`, for the sweep to verify and time on (:meth:`CompileAhead.
 take_inputs`), so such a key's inputs are made once per run instead of twice.
 
 The pool is a local :class:`~kdispatch.tuning.compile_pool.CompilePool` or, in a worker of
-``--device all``, a :class:`RemotePool` that forwards to the one pool the parent process
-owns for the whole host (so two GPUs never compile one variant twice).
+``--device all``, a :class:`~kdispatch.tuning.remote_pool.RemotePool` that forwards to the
+one pool the parent process owns for the whole host.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import queue as queue_mod
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -135,9 +145,17 @@ class CompileAhead:
     target: Target | None
     torch_device: Any
     seed: int = 0
+    #: processes of the pool: :meth:`top_up` keeps at least this many kernels in it
+    workers: int = 1
     stats: AheadStats = field(default_factory=AheadStats)
+    _work: dict[int, tuple[Any, Any, list[tuple[str, Any]]]] = field(default_factory=dict)
+    _order: list[int] = field(default_factory=list)
+    _next: int = 0
+    _first: Callable[[int], bool] | None = None
+    _fed: set[int] = field(default_factory=set)
     _ids: dict[tuple[int, str], list[str]] = field(default_factory=dict)
     _sent: set[str] = field(default_factory=set)
+    _open: set[str] = field(default_factory=set)
     _kept: dict[int, dict[str, Any]] = field(default_factory=dict)
     _kept_bytes: int = 0
 
@@ -151,44 +169,131 @@ class CompileAhead:
             target = current_target()
         if pool is None or target is None:
             return cls(None, None, torch_device, seed)
-        return cls(pool, target, torch_device, seed)
+        return cls(pool, target, torch_device, seed, workers=max(1, int(getattr(
+            pool, "workers", 1) or 1)))
+
+    @property
+    def active(self) -> bool:
+        return self.pool is not None and self.target is not None
+
+    def plan(self, work: Iterable[tuple[int, Any, Any, list[tuple[str, Any]]]],
+             first: Callable[[int], bool] | None = None) -> None:
+        """Take ``(key_index, op, key, [(config_digest, config)])`` in timing order.
+
+        Nothing is described here. ``first(key_index)``, when given, is asked before this
+        process describes a key ahead for a pool it shares with other workers: False means
+        another worker fed that key (or claimed it for timing) already.
+        """
+        if not self.active:
+            return
+        for ki, op, key, todo in work:
+            if todo and ki not in self._work:
+                self._work[ki] = (op, key, list(todo))
+                self._order.append(ki)
+        self._first = first
 
     def submit(self, work: Iterable[tuple[int, Any, Any, list[tuple[str, Any]]]]) -> None:
-        """Describe and submit ``(key_index, op, key, [(config_digest, config)])`` in order.
+        """Plan ``work`` and describe all of it now (a caller that times nothing)."""
+        self.plan(work)
+        while self.feed():
+            pass
 
-        A key whose inputs cannot be made, or a candidate whose launches cannot be
-        described, is left to the JIT (the sweep meets the same call again and handles its
-        error as it always did).
+    def own(self, key_index: int) -> None:
+        """Describe key ``key_index`` now unless this process described it already (before
+        its candidates wait for their kernels); its inputs are kept for the sweep. A key
+        whose inputs cannot be made, or a candidate whose launches cannot be described, is
+        left to the JIT (the sweep meets the same call again and reports its error)."""
+        if self.active and key_index in self._work and key_index not in self._fed:
+            self._describe(key_index, now=True)
+
+    def feed(self, deadline: float | None = None) -> bool:
+        """Describe the next key in timing order that is not described yet; False when
+        none is left or the budget is spent."""
+        while self.active and self._next < len(self._order):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            ki = self._order[self._next]
+            self._next += 1
+            if ki in self._fed or ki not in self._work:
+                continue
+            if self._first is not None and not self._first(ki):
+                continue
+            self._describe(ki, now=False)
+            return True
+        return False
+
+    def top_up(self, deadline: float | None = None) -> None:
+        """Describe one more key when fewer of this process's kernels are queued or
+        compiling than the pool has processes (so none of them runs dry)."""
+        if self.active and self._next < len(self._order) and self._backlog() < self.workers:
+            self.feed(deadline)
+
+    def forget(self, key_index: int) -> None:
+        """Key ``key_index`` is done here, or another worker times it: drop its kept
+        inputs and describe it no more."""
+        self.take_inputs(key_index)
+        self._work.pop(key_index, None)
+
+    def _backlog(self) -> int:
+        if self._open and self.pool is not None:
+            self._open.difference_update(self.pool.wait(list(self._open), timeout=0))
+        return len(self._open)
+
+    def _describe(self, key_index: int, now: bool) -> None:
+        """Make the key's inputs, describe its candidates, submit their new kernels.
+
+        ``now``: the sweep times this key next (its inputs are kept whatever their size;
+        a failure is final). Otherwise a key whose inputs cannot be made now (say, no
+        device memory beside the inputs of the key being timed) is described when its
+        turn comes.
         """
-        if self.pool is None or self.target is None:
-            return
+        op, key, todo = self._work[key_index]
         t0 = time.monotonic()
-        for ki, op, key, todo in work:
-            if not todo:
-                continue
-            t_make = time.monotonic()
-            try:
-                inputs = op.tuning.make_inputs(key, self.torch_device, self.seed)
-            except Exception as exc:  # noqa: BLE001 - the sweep makes them again and reports
+        try:
+            inputs = op.tuning.make_inputs(key, self.torch_device, self.seed)
+        except Exception as exc:  # noqa: BLE001 - the sweep makes them again and reports
+            if now:
                 log.warning("%s: not compiling ahead (inputs: %s)", op.name, exc)
-                continue
-            self._keep(ki, inputs, time.monotonic() - t_make)
-            fresh: dict[str, LaunchSpec] = {}
-            for digest, cfg in todo:
-                specs = self._describe(op, cfg, inputs)
-                if specs:
-                    self._ids[(ki, digest)] = [s.digest for s in specs]
-                    fresh.update((s.digest, s) for s in specs if s.digest not in self._sent)
-            del inputs
-            self._sent |= set(fresh)
+                self._fed.add(key_index)
+            else:
+                log.debug("%s: inputs not made ahead (%s); described at its turn", op.name,
+                          exc)
+            inputs = None
+        if inputs is None:
+            if not now:
+                self._release()
+            self.stats.describe_s += time.monotonic() - t0
+            return
+        self._fed.add(key_index)
+        self._keep(key_index, inputs, time.monotonic() - t0, always=now)
+        fresh: dict[str, LaunchSpec] = {}
+        for digest, cfg in todo:
+            specs = self._describe_one(op, cfg, inputs)
+            if specs:
+                ids = [s.digest for s in specs]
+                self._ids[(key_index, digest)] = ids
+                self._open.update(ids)
+                fresh.update((s.digest, s) for s in specs if s.digest not in self._sent)
+        del inputs
+        self._sent |= set(fresh)
+        if fresh and self.pool is not None:
             self.pool.submit(list(fresh.items()))
         self.stats.describe_s += time.monotonic() - t0
 
-    def _keep(self, key_index: int, inputs: dict[str, Any], made_s: float) -> None:
-        """Keep inputs that were slow to make while they fit in KEEP_BYTES (describing a
-        launch only reads them: they are as ``make_inputs`` returned them)."""
+    def _release(self) -> None:
+        """Give cached device memory back after inputs could not be made."""
+        if getattr(self.torch_device, "type", None) == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _keep(self, key_index: int, inputs: dict[str, Any], made_s: float,
+              always: bool = False) -> None:
+        """Keep inputs that were slow to make while they fit in KEEP_BYTES, or ``always``
+        (describing a launch only reads them: they are as ``make_inputs`` returned them)."""
         size = storage_bytes(inputs)
-        if made_s >= KEEP_MIN_S and self._kept_bytes + size <= KEEP_BYTES:
+        if always or (made_s >= KEEP_MIN_S and self._kept_bytes + size <= KEEP_BYTES):
+            self.take_inputs(key_index)
             self._kept[key_index] = inputs
             self._kept_bytes += size
 
@@ -199,7 +304,7 @@ class CompileAhead:
             self._kept_bytes -= storage_bytes(inputs)
         return inputs
 
-    def _describe(self, op: Any, cfg: Any, inputs: dict[str, Any]) -> list[LaunchSpec]:
+    def _describe_one(self, op: Any, cfg: Any, inputs: dict[str, Any]) -> list[LaunchSpec]:
         """The candidate's launches as specs; none when any of them cannot be described
         (then its launch compiles them all, as without a pool)."""
         try:
@@ -212,27 +317,38 @@ class CompileAhead:
 
     def ready(self, key_index: int, digest: str, deadline: float | None = None,
               on_wait: Callable[[], None] | None = None) -> Ready:
-        """Wait until the candidate's kernels are compiled (or failed, or skipped)."""
+        """Wait until the candidate's kernels are compiled (or failed, or skipped),
+        describing later keys for the pool meanwhile."""
         ids = self._ids.get((key_index, digest))
         if not ids or self.pool is None:
             return Ready("go")
+        need = len(set(ids))
         t0 = time.monotonic()
+        shown = t0 - POLL_S
+        described = self.stats.describe_s
         got = self.pool.wait(ids, timeout=0)
-        if len(got) < len(set(ids)):
+        if len(got) < need:
             self.pool.prioritize(ids)
-        while len(got) < len(set(ids)):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                self.stats.wait_s += time.monotonic() - t0
-                return Ready("budget")
-            if time.monotonic() - t0 > STALL_S:
-                log.warning("waited %.0f s for %d kernels of one candidate; compiling them "
-                            "at launch", STALL_S, len(set(ids)) - len(got))
-                break
-            got = self.pool.wait(ids, timeout=POLL_S if left is None else min(POLL_S, left))
-            if on_wait is not None and len(got) < len(set(ids)):
-                on_wait()
-        self.stats.wait_s += time.monotonic() - t0
+        try:
+            while len(got) < need:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return Ready("budget")
+                if time.monotonic() - t0 > STALL_S:
+                    log.warning("waited %.0f s for %d kernels of one candidate; compiling "
+                                "them at launch", STALL_S, need - len(got))
+                    break
+                if on_wait is not None and time.monotonic() - shown >= POLL_S:
+                    on_wait()
+                    shown = time.monotonic()
+                if self.feed(deadline):  # the wait describes later keys for the pool
+                    got = self.pool.wait(ids, timeout=0)
+                else:
+                    got = self.pool.wait(ids, timeout=POLL_S if left is None
+                                         else min(POLL_S, left))
+        finally:
+            self._open.difference_update(got)
+            self.stats.wait_s += time.monotonic() - t0 - (self.stats.describe_s - described)
         for vid in ids:
             o = got.get(vid)
             if o is not None and o.status == "failed" and o.infeasible:
@@ -261,57 +377,3 @@ def rejected_row(op: str, config: Any, role: str, source_hash: str, key: dict[st
                          source_hash=source_hash, status="infeasible", verified=False,
                          is_heuristic=role == "heuristic", is_baseline=role == "baseline",
                          error=error)
-
-
-class RemotePool:
-    """A worker's handle on the pool its parent process owns (``--device all``).
-
-    Requests go up the worker's event queue as ``("compile", index, items)`` and
-    ``("prioritize", index, ids)``; outcomes come back on the worker's own reply queue as
-    ``(id, outcome)`` pairs (see :func:`kdispatch.tuning.jobs.run_local`).
-    """
-
-    def __init__(self, events: Any, replies: Any, index: int):
-        self.events, self.replies, self.index = events, replies, index
-        self._got: dict[str, Outcome] = {}
-        self._parent = os.getppid()
-
-    def submit(self, items: Iterable[tuple[str, LaunchSpec]]) -> None:
-        items = list(items)
-        if items:
-            self.events.put(("compile", self.index, items))
-
-    def prioritize(self, ids: Sequence[str]) -> None:
-        self.events.put(("prioritize", self.index, list(ids)))
-
-    def stats(self) -> PoolStats | None:
-        return None  # the owner reports the pool
-
-    def wait(self, ids: Sequence[str], timeout: float | None = None) -> dict[str, Outcome]:
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._drain()
-            if all(v in self._got for v in ids):
-                break
-            if os.getppid() != self._parent:  # the pool's owner is gone: compile at launch
-                for v in ids:
-                    self._got.setdefault(v, Outcome("skipped", "the compile pool is gone"))
-                break
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            try:
-                vid, outcome = self.replies.get(timeout=POLL_S if left is None
-                                                else min(POLL_S, left))
-            except queue_mod.Empty:
-                continue
-            self._got[vid] = outcome
-        return {v: self._got[v] for v in ids if v in self._got}
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                vid, outcome = self.replies.get_nowait()
-            except queue_mod.Empty:
-                return
-            self._got[vid] = outcome

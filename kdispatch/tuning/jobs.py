@@ -7,10 +7,12 @@ one spawned process per job, all writing to one database, and gathers how each e
 
 Compiling ahead, the host has one compile pool, owned by the :func:`run_local` process:
 workers submit their candidates' kernels up their event queue and get the outcomes back on
-a queue of their own (:class:`~kdispatch.tuning.ahead.RemotePool`). The pool compiles each
-variant once whoever asked first, so two GPUs never compile one kernel twice and the CPU
-cores are shared by whichever GPU needs them now (a per-worker pool would split the cores
-in fixed halves and compile variants both workers need twice).
+a queue of their own (:class:`~kdispatch.tuning.remote_pool.RemotePool`). The pool compiles
+each variant once whoever asked first, so two GPUs never compile one kernel twice and the
+CPU cores are shared by whichever GPU needs them now (a per-worker pool would split the
+cores in fixed halves and compile variants both workers need twice). The claim register
+also records which keys a worker has fed to the pool ahead (:data:`FED`), so the workers
+feed it each key once, in the key order they claim keys in.
 """
 
 from __future__ import annotations
@@ -20,21 +22,25 @@ import queue as queue_mod
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from kdispatch.device import Device
 from kdispatch.registry import get_op, register
 from kdispatch.tuning import sweep
-from kdispatch.tuning.ahead import CompileSettings, RemotePool, open_pool
+from kdispatch.tuning.ahead import CompileSettings, open_pool
 from kdispatch.tuning.compile_pool import PoolStats
 from kdispatch.tuning.plan import TuneTarget
+from kdispatch.tuning.remote_pool import RemotePool
 from kdispatch.tuning.sweep import KeySummary, Progress
 
 #: ``on_update(done, total, description)``: the aggregated progress of all workers
 UpdateFn = Callable[[int, "int | None", str], None]
 #: ``on_compile(stats)``: the host's compile pool, while it runs and once at the end
 CompileFn = Callable[[PoolStats], None]
+#: flags of a key in the claim register: claimed for timing; fed to the compile pool ahead
+CLAIMED, FED = 1, 2
 
 
 @dataclass(frozen=True)
@@ -113,16 +119,19 @@ def make_jobs(runs: Sequence[GroupRun], *, on_demand: bool = True) -> list[Job]:
     return jobs
 
 
-def claimer(claims: Any) -> Callable[[int], bool]:
+def claimer(claims: Any, flag: int = CLAIMED) -> Callable[[int], bool]:
     """``claim(i)``: True for the first worker to ask for key ``i`` of a shared register.
 
-    ``claims`` is a lock-guarded array of flags (``multiprocessing.Array("b", n)``).
+    ``claims`` is a lock-guarded array of flags (``multiprocessing.Array("b", n)``). With
+    ``flag=FED`` it asks whether to feed key ``i`` to the compile pool: False once any
+    worker fed it or claimed it for timing (that worker describes it itself).
     """
     def claim(i: int) -> bool:
         with claims.get_lock():
-            if claims[i]:
+            have = claims[i]
+            if have & (CLAIMED | flag):
                 return False
-            claims[i] = 1
+            claims[i] = have | flag
             return True
     return claim
 
@@ -163,7 +172,8 @@ def run_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str,
               options: dict[str, Any], extra: bytes,
               progress: Callable[[Progress], None] | None = None,
               claim: Callable[[int], bool] | None = None,
-              pool: Any = None) -> dict[str, Any]:
+              pool: Any = None,
+              first_to_feed: Callable[[int], bool] | None = None) -> dict[str, Any]:
     """Register the shipped specs, then :func:`~kdispatch.tuning.sweep.tune_shard`.
 
     The interpreter is chosen before the specs are unpickled, so a spec module that
@@ -173,7 +183,7 @@ def run_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str,
         sweep.use_interpreter()
     load_extra(extra)
     return sweep.tune_shard(list(targets), device_name, db_url, progress=progress,
-                            claim=claim, pool=pool, **options)
+                            claim=claim, pool=pool, first_to_feed=first_to_feed, **options)
 
 
 def _describe(exc: BaseException) -> str:
@@ -182,16 +192,18 @@ def _describe(exc: BaseException) -> str:
 
 
 def _worker(job: Job, db_url: str, options: dict[str, Any], extra: bytes, events: Any,
-            claims: Any = None, replies: Any = None) -> None:
+            claims: Any = None, replies: Any = None, pool_workers: int = 1) -> None:
     """Process entry (spawn): tune one shard, forwarding progress and the outcome."""
     def progress(p: Progress) -> None:
         events.put(("progress", job.index, p))
 
     claim = claimer(claims) if claims is not None else None
-    pool = RemotePool(events, replies, job.index) if replies is not None else None
+    first = claimer(claims, FED) if claims is not None else None
+    pool = RemotePool(events, replies, job.index, pool_workers) if replies is not None \
+        else None
     try:
         counts = run_shard(job.targets, job.device_name, db_url, options, extra, progress,
-                           claim, pool)
+                           claim, pool, first)
     except KeyboardInterrupt:
         events.put(("failed", job.index, "interrupted"))
         raise SystemExit(130) from None
@@ -244,7 +256,7 @@ class _Board:
 def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None = None,
               seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
               compile_settings: CompileSettings | None = None,
-              on_compile: CompileFn | None = None) -> list[WorkerResult]:
+              on_compile: CompileFn | None = None, pool: Any = None) -> list[WorkerResult]:
     """Run each job in its own spawned process and wait for all of them.
 
     Parameters
@@ -262,6 +274,9 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
         Compile ahead in one pool for the host (this process owns it; see the module).
     on_compile : callable, optional
         ``on_compile(stats)`` with the pool's :class:`PoolStats` as it runs and at the end.
+    pool : CompilePool, optional
+        The host's pool, opened by the caller (before planning, so its processes are
+        ready when the workers are); else ``compile_settings`` open one here.
 
     Returns
     -------
@@ -274,11 +289,11 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
     options = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": mark_misses,
                "compile_settings": compile_settings}
     interpreter = all(j.device_name == "cpu" for j in jobs)
-    with open_pool(compile_settings, interpreter=interpreter,
-                   timing_processes=len(jobs)) as pool:
-        results = _run_processes(jobs, db_url, options, on_update, pool, on_compile)
-        if pool is not None and on_compile is not None:
-            on_compile(pool.stats())
+    with nullcontext(pool) if pool is not None else open_pool(
+            compile_settings, interpreter=interpreter, timing_processes=len(jobs)) as host:
+        results = _run_processes(jobs, db_url, options, on_update, host, on_compile)
+        if host is not None and on_compile is not None:
+            on_compile(host.stats())
     return results
 
 
@@ -295,9 +310,10 @@ def _run_processes(jobs: Sequence[Job], db_url: str, options: dict[str, Any],
     sizes = {j.group: len(j.targets) for j in jobs if j.shared}  # one register per group
     claims = {g: ctx.Array("b", n) for g, n in sizes.items()}
     replies = {j.index: ctx.Queue() for j in jobs} if pool is not None else {}
+    size = pool.stats().workers if pool is not None else 1
     procs = [ctx.Process(target=_worker, args=(j, db_url, options, extra, events,
                                                claims.get(j.group) if j.shared else None,
-                                               replies.get(j.index)),
+                                               replies.get(j.index), size),
                          name=f"kdispatch-tune-{j.device_name}-{j.index}", daemon=False)
              for j in jobs]
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from kdispatch.device import Device
 from kdispatch.tuning import sweep
-from kdispatch.tuning.ahead import CompileSettings
+from kdispatch.tuning.ahead import CompileSettings, open_pool
 from kdispatch.tuning.devices import TuningError, input_budget
 from kdispatch.tuning.estimate import SpaceRule
 from kdispatch.tuning.jobs import (CompileFn, DeviceGroup, GroupRun, Job, UpdateFn,
@@ -183,12 +183,13 @@ def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequen
 def tune_local(runs: Sequence[GroupRun], store: Any, *, budget_minutes: float | None = None,
                seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
                compile_settings: CompileSettings | None = None,
-               on_compile: CompileFn | None = None) -> list[WorkerResult]:
+               on_compile: CompileFn | None = None, pool: Any = None) -> list[WorkerResult]:
     """Hand every group's keys to its devices, run the workers, then summarize.
 
     Each :class:`GroupRun` gets ``summaries`` read back from the database
     (:func:`~kdispatch.tuning.sweep.summarize` over all its keys), so the table is the one
-    a single-device run prints, whatever worker measured which key.
+    a single-device run prints, whatever worker measured which key. ``pool``: the host's
+    compile pool when the caller opened it already (see :func:`run_local`).
 
     Returns
     -------
@@ -198,7 +199,7 @@ def tune_local(runs: Sequence[GroupRun], store: Any, *, budget_minutes: float | 
     jobs = make_jobs(runs)
     results = run_local(jobs, store.url, budget_minutes=budget_minutes, seed=seed,
                         mark_misses=mark_misses, on_update=on_update,
-                        compile_settings=compile_settings, on_compile=on_compile)
+                        compile_settings=compile_settings, on_compile=on_compile, pool=pool)
     for run in runs:
         run.summaries = sweep.summarize(store, run.group.device, run.targets)
     return results
@@ -246,8 +247,17 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
         One per worker; see :func:`failure_message`.
     """
     names = parse_devices(device_spec)
-    groups = group_devices([(n, device_for(n)) for n in names])
     settings = run.get("compile_settings")
+    # the host's compile pool starts first: its processes start while the keys are planned
+    with open_pool(settings, interpreter=all(n == "cpu" for n in names),
+                   timing_processes=len(names)) as pool:
+        return _plan_and_run(names, store, plan, run, ui, settings, pool)
+
+
+def _plan_and_run(names: list[str], store: Any, plan: dict[str, Any], run: dict[str, Any],
+                  ui: Reporter, settings: CompileSettings | None, pool: Any,
+                  ) -> tuple[list[GroupRun], list[WorkerResult]]:
+    groups = group_devices([(n, device_for(n)) for n in names])
     runs = []
     for g in groups:
         kw = dict(plan)
@@ -264,5 +274,6 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
     if not runs:
         return [], []
     with ui.progress() as on_update:
-        results = tune_local(runs, store, on_update=on_update, on_compile=ui.compiling, **run)
+        results = tune_local(runs, store, on_update=on_update, on_compile=ui.compiling,
+                             pool=pool, **run)
     return runs, results

@@ -368,6 +368,19 @@ def compile_spec(spec: LaunchSpec) -> Outcome:
                    launcher=launcher, seconds=seconds)
 
 
+def warm_up() -> None:
+    """Import what a pool process's first kernel would (Triton's compiler, torch, the
+    built-in op packages), so that kernel costs its compile alone. Best effort."""
+    from kdispatch.registry import _builtin_modules
+
+    for module in ("triton.compiler", "torch", "kdispatch.tuning.verify",
+                   *_builtin_modules().values()):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - the item that needs it reports it
+            log.debug("warm-up: %s not imported: %s", module, exc)
+
+
 def load_compiler(path: str) -> Any:
     """The function a ``"module:function"`` path names."""
     module, _, name = path.partition(":")

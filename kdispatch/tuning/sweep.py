@@ -109,7 +109,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
          progress: Callable[[Progress], None] | None = None, seed: int = 0,
          mark_misses: bool = False, reps: int | None = None,
          claim: Callable[[int], bool] | None = None, precompile: Pool | None = None,
-         target: Target | None = None) -> SweepResult:
+         target: Target | None = None,
+         first_to_feed: Callable[[int], bool] | None = None) -> SweepResult:
     """Tune ``targets`` on one device, committing each measurement as it completes.
 
     Parameters
@@ -139,8 +140,12 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         list take keys on demand, so a worker that drew cheap keys takes more of them.
     precompile, target : Pool, tuple, optional
         A compile pool and what it compiles for (default: this GPU; the interpreter has
-        nothing to compile): every candidate's kernels are compiled ahead in it, and a
-        compiler rejection is infeasible without a launch (:mod:`kdispatch.tuning.ahead`).
+        nothing to compile): every candidate's kernels are compiled ahead in it, key by key
+        in timing order while earlier keys are timed, and a compiler rejection is
+        infeasible without a launch (:mod:`kdispatch.tuning.ahead`).
+    first_to_feed : callable, optional
+        ``first_to_feed(i)`` is asked before this worker describes key ``i`` ahead for a
+        pool it shares with other workers; False means another worker fed it already.
 
     Returns
     -------
@@ -185,11 +190,12 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     status = "failed"
     jit = CompileCounts().start()
     try:
-        ahead.submit((ki, w[1], w[2], [(_config_digest(c), c) for c, _ in w[3]])
-                     for ki, w in enumerate(work))
+        # keys are described for the pool as the timing goes (kdispatch.tuning.ahead)
+        ahead.plan(((ki, w[1], w[2], [(_config_digest(c), c) for c, _ in w[3]])
+                    for ki, w in enumerate(work)), first=first_to_feed)
         for ki, (t, spec, key, todo, measured_before) in enumerate(work):
             if claim is not None and not claim(ki):
-                ahead.take_inputs(ki)  # another worker tunes it: drop what was kept for it
+                ahead.forget(ki)  # another worker tunes it: drop what was kept for it
                 continue
             result.keys += 1
             result.skipped += measured_before
@@ -202,6 +208,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                                   time.monotonic() - t0, eta, last, phase))
 
             report()
+            if todo and (deadline is None or time.monotonic() < deadline):
+                ahead.own(ki)  # its candidates wait for their own kernels from here on
             complete = True
             inputs: KeyInputs | None = None  # made at the key's first candidate that runs
             best = KeyBest()
@@ -210,6 +218,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     result.stopped = "budget"
                     complete = False
                     break
+                ahead.top_up(deadline)  # the pool compiles later keys meanwhile
                 ready = ahead.ready(ki, _config_digest(cfg), deadline,
                                     lambda: report(phase="compiling"))
                 if ready.status == "budget":
@@ -245,6 +254,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
             if inputs is not None:
                 inputs.close()
                 inputs = None
+            ahead.forget(ki)
             if result.stopped:
                 break
             if complete and mark_misses:
@@ -296,14 +306,16 @@ def tune_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str, *,
                progress: Callable[[Progress], None] | None = None,
                claim: Callable[[int], bool] | None = None,
                compile_settings: CompileSettings | None = None,
-               pool: Pool | None = None) -> dict[str, Any]:
+               pool: Pool | None = None,
+               first_to_feed: Callable[[int], bool] | None = None) -> dict[str, Any]:
     """Worker entry for one shard: its own device and store handle, the shared database.
 
     Picklable arguments only, so it runs under ``multiprocessing`` (spawn) or as a Ray task.
     Returns plain counts; read the summary with :func:`summarize` once all shards end.
     ``progress`` is called in the worker (e.g. to forward events to a queue); ``claim`` as
     in :func:`tune` (keys handed out on demand among local workers). ``pool`` is the host's
-    compile pool (a :class:`~kdispatch.tuning.ahead.RemotePool`); without one,
+    compile pool (a :class:`~kdispatch.tuning.remote_pool.RemotePool`, fed each key once
+    by whichever worker comes first: ``first_to_feed`` as in :func:`tune`); without one,
     ``compile_settings`` start a pool of this worker's own.
     """
     device, tdev = resolve_device(device_name)
@@ -315,7 +327,7 @@ def tune_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str, *,
             res = tune(targets, device=device, torch_device=tdev, store=store,
                        budget_minutes=budget_minutes, seed=seed, mark_misses=mark_misses,
                        progress=progress, claim=claim, precompile=pool or own,
-                       target=target)
+                       target=target, first_to_feed=first_to_feed if pool else None)
     finally:
         store.dispose()
     return {"device": device.key, "run_id": res.run_id, "measured": res.measured,

@@ -2,15 +2,19 @@
 
 ``AheadSpec`` is ``fakeops``' op (``tune_fake``) that also describes its launch: one
 ``fake_kernel`` launch whose ``BLOCK`` constexpr is the config's block, so every config is
-one kernel variant. The pool compiles them with ``fakecompiler.compile`` (a module that
-imports nothing heavy, so pool processes start at once). The fake target stands in for a
-GPU: the interpreter has nothing to compile, so the sweep only compiles ahead when a target
-is given.
+one kernel variant. ``KeyedSpec`` launches ``keyed_kernel`` instead, whose ``N`` constexpr
+is the key's size, so every key has kernels of its own (as real kernels specialized on a
+key's shapes do); its inputs can be slow to make (``KD_FAKE_INPUTS_SLEEP`` seconds, like a
+large cache drawn on the host), and ``KD_FAKE_RUN_TIMES`` (a file) gets ``time n block``
+per run. The pool compiles them with ``fakecompiler.compile`` (a module that imports nothing
+heavy, so pool processes start at once). The fake target stands in for a GPU: the
+interpreter has nothing to compile, so the sweep only compiles ahead when a target is given.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import triton
 import triton.language as tl
@@ -41,9 +45,40 @@ class AheadSpec(fakeops.FakeSpec):
                              {"num_warps": 4})]
 
 
-def install() -> None:
+#: the keys ``KeyedSpec`` made inputs for in this process, in order
+MADE: list[int] = []
+
+
+@triton.jit
+def keyed_kernel(x_ptr, n, BLOCK: tl.constexpr, N: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+class KeyedSpec(AheadSpec):
+    """The fake op with kernels of each key's own (see the module)."""
+
+    def launches(self, config, inputs):
+        x = inputs["x"]
+        return [KernelLaunch(keyed_kernel, (1,), (x, x.numel()),
+                             {"BLOCK": config.block, "N": x.numel()}, {"num_warps": 4})]
+
+    def make_inputs(self, key, device, seed):
+        MADE.append(key.n)
+        time.sleep(float(os.environ.get("KD_FAKE_INPUTS_SLEEP", "0") or 0))
+        return super().make_inputs(key, device, seed)
+
+    def run(self, config, inputs):
+        path = os.environ.get("KD_FAKE_RUN_TIMES")
+        if path:
+            with open(path, "a") as f:
+                f.write(f"{time.time()} {inputs['x'].numel()} {config.block}\n")
+        return super().run(config, inputs)
+
+
+def install(keyed: bool = False) -> None:
     fakeops.install()
-    register(AheadSpec(), replace=True)
+    register(KeyedSpec() if keyed else AheadSpec(), replace=True)
 
 
 def compiled_blocks(log_path) -> list[int]:
