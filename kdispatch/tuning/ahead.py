@@ -249,32 +249,34 @@ class CompileAhead:
         """
         op, key, todo = self._work[key_index]
         t0 = time.monotonic()
+        found: dict[str, list[LaunchSpec]] | None = None
         try:
             inputs = op.tuning.make_inputs(key, self.torch_device, self.seed)
+            made_s = time.monotonic() - t0
+            found = {digest: self._describe_one(op, cfg, inputs) for digest, cfg in todo}
         except Exception as exc:  # noqa: BLE001 - the sweep makes them again and reports
             if now:
-                log.warning("%s: not compiling ahead (inputs: %s)", op.name, exc)
+                log.warning("%s: not compiling this key ahead (%s)", op.name, exc)
                 self._fed.add(key_index)
             else:
-                log.debug("%s: inputs not made ahead (%s); described at its turn", op.name,
+                log.debug("%s: not described ahead (%s); described at its turn", op.name,
                           exc)
             inputs = None
-        if inputs is None:
+        if inputs is None or found is None:
             if not now:
                 self._release()
             self.stats.describe_s += time.monotonic() - t0
             return
         self._fed.add(key_index)
-        self._keep(key_index, inputs, time.monotonic() - t0, always=now)
+        self._keep(key_index, inputs, made_s, always=now)
+        del inputs
         fresh: dict[str, LaunchSpec] = {}
-        for digest, cfg in todo:
-            specs = self._describe_one(op, cfg, inputs)
+        for digest, specs in found.items():
             if specs:
                 ids = [s.digest for s in specs]
                 self._ids[(key_index, digest)] = ids
                 self._open.update(ids)
                 fresh.update((s.digest, s) for s in specs if s.digest not in self._sent)
-        del inputs
         self._sent |= set(fresh)
         if fresh and self.pool is not None:
             self.pool.submit(list(fresh.items()))
@@ -310,6 +312,10 @@ class CompileAhead:
         try:
             launches = op.tuning.launches(cfg, inputs)
         except Exception as exc:  # noqa: BLE001 - the same call fails in the sweep, visibly
+            import torch
+
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                raise  # the whole key is described again (or left to the JIT)
             log.debug("%s %s: launches not described: %s", op.name, cfg, exc)
             return []
         specs = [describe(launch, self.target) for launch in launches]

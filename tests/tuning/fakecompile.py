@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 
+import torch
 import triton
 import triton.language as tl
 
@@ -47,6 +48,8 @@ class AheadSpec(fakeops.FakeSpec):
 
 #: the keys ``KeyedSpec`` made inputs for in this process, in order
 MADE: list[int] = []
+#: keys whose next inputs fail as a GPU out of memory would (once each)
+OOM_ONCE: set[int] = set()
 
 
 @triton.jit
@@ -64,6 +67,9 @@ class KeyedSpec(AheadSpec):
                              {"BLOCK": config.block, "N": x.numel()}, {"num_warps": 4})]
 
     def make_inputs(self, key, device, seed):
+        if key.n in OOM_ONCE:
+            OOM_ONCE.discard(key.n)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a fake)")
         MADE.append(key.n)
         time.sleep(float(os.environ.get("KD_FAKE_INPUTS_SLEEP", "0") or 0))
         return super().make_inputs(key, device, seed)

@@ -115,6 +115,24 @@ def test_the_first_key_is_timed_while_later_keys_still_compile(store, logs, monk
     assert (0, "compiling") in phases  # the progress says what the first key waits for
 
 
+def test_a_key_that_cannot_be_described_ahead_is_described_at_its_turn(store, logs,
+                                                                       monkeypatch):
+    """No device memory for the next key's inputs beside the current key's: that key is
+    described when its turn comes, and its candidates still wait for their own kernels."""
+    monkeypatch.setenv("KD_FAKE_INPUTS_SLEEP", "0.3")
+    monkeypatch.setenv("KD_FAKE_COMPILE_SLEEP", "0.1")
+    dev, tdev = sweep.resolve_device("cpu")
+    targets, _ = sweep.plan(dev, ["fake"])
+    fakecompile.MADE.clear()
+    fakecompile.OOM_ONCE.update(KEYS_N[1:])
+    with CompilePool(1, compiler=fakecompile.COMPILER) as pool:
+        sweep.tune(targets, device=dev, torch_device=tdev, store=store, precompile=pool,
+                   target=fakecompile.TARGET)
+    assert not fakecompile.OOM_ONCE  # both were tried ahead first
+    assert fakecompile.MADE == list(KEYS_N)
+    _check_rows_and_order(store, _compiles(logs[0]), _runs(logs[1]))
+
+
 def test_two_workers_feed_one_pool_once_and_lose_or_repeat_no_rows(tmp_path, logs,
                                                                    monkeypatch):
     monkeypatch.setenv("KD_FAKE_INPUTS_SLEEP", "0.3")
