@@ -137,7 +137,7 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
         ui.console.print(_summary_table(result.summaries))
         ui.report(result.measured, result.skipped, f"run {result.run_id}",
                   result.stopped == "budget", budget_minutes)
-        ui.console.print(result.throughput.line(), highlight=False, soft_wrap=True)
+        ui.throughput(result.throughput)
 
 
 def _cap(value: str | None) -> tuple[int | None, Any]:
@@ -272,6 +272,15 @@ class _Reporter:
             self.console.print(f"[yellow]stopped: the {budget_minutes:g}-minute budget is "
                                "spent; rerun to resume[/]")
 
+    def throughput(self, thr: Any) -> None:
+        """The run's throughput line; with a compile pool, what the timing processes spent
+        describing keys for it and waiting for its kernels (a line of its own)."""
+        self.console.print(thr.line(), highlight=False, soft_wrap=True)
+        if thr.pool:
+            self.console.print(f"compiling ahead: {thr.describe_s:.1f} s describing keys for "
+                               f"the pool, {thr.wait_s:.1f} s waiting for kernels",
+                               highlight=False, soft_wrap=True)
+
     def finish(self, runs: list[Any], results: list[Any], budget_minutes: float | None) -> None:
         """Print each device's summary table, the totals, then fail naming failed workers."""
         from kdispatch.tuning import parallel
@@ -289,8 +298,7 @@ class _Reporter:
             pool = self.pool_stats.as_dict() if self.pool_stats is not None else None
             parts = [r.counts["throughput"] for r in results
                      if r.counts and "throughput" in r.counts]
-            self.console.print(Throughput.merge(parts, self.wall_s, pool).line(),
-                               highlight=False, soft_wrap=True)
+            self.throughput(Throughput.merge(parts, self.wall_s, pool))
         failed = parallel.failure_message(results)
         if failed:
             raise click.ClickException(failed)
