@@ -22,12 +22,16 @@ from typing import Literal
 from kdispatch.registry import get_op
 from kdispatch.tuning.plan import TuneTarget, candidate_list
 
-#: distinct kernel variants per candidate (keys of one op share most of them)
+#: distinct kernel variants per candidate (keys of one op share most of them). H200 host,
+#: session 8 (bench/results/nvidia-h200/session8/tune-full.txt): 1,775 kernels for 2,886
+#: candidates (0.62), 1,585 s of compiler time (0.89 s each)
 VARIANTS_PER_CANDIDATE = 0.6
 #: seconds one CPU core takes to compile one variant
-COMPILE_S_PER_VARIANT = 0.8
-#: seconds one GPU takes to verify and time one candidate (inputs, reference share)
-GPU_S_PER_CANDIDATE = 0.3
+COMPILE_S_PER_VARIANT = 0.9
+#: seconds one GPU takes to verify and time one candidate (inputs and reference made once
+#: per key, pilots): session 8 measured 0.055 (every preset's full space), 0.070 (10 per
+#: key) and 0.082 (llama3-8b at 6 per key)
+GPU_S_PER_CANDIDATE = 0.08
 #: process start, imports, driver and pool start-up
 STARTUP_S = 10.0
 #: without --budget-minutes, full spaces are searched when they take at most this long
