@@ -1,6 +1,8 @@
 """Benchmark decode_attention on the GPU: split count 1, the heuristic, and the sweep's best.
 
-Every decode shape of ../shared/BENCHMARKING.md (bf16 queries, 16-token pages), with a
+Every decode shape of ../shared/BENCHMARKING.md (bf16 queries, 16-token pages; the ragged
+DeepSeek-V3 DP-attention rows, 128 heads x batch 128, use 64-token pages and lengths drawn
+around a mean, up to twice the mean: ``--shapes ragged``), with a
 bf16 cache, an fp8 cache (``-fp8``: float8_e4m3fn, per-tensor scales; bytes counted in
 fp8) and, for MLA, two query tokens per request (``-q2``). The last table sets each fp8
 row against its bf16 twin and each two-token row against its one-token twin (the issue's
@@ -62,6 +64,19 @@ class Shape:
     context: int
     kv: str = "bf16"   # cache dtype: "bf16" or "fp8"
     q_len: int = 1     # query tokens per request
+    page: int = 16     # tokens per page
+    mean: int = 0      # ragged lengths around this mean (0: every request at full context)
+
+    def lengths(self) -> list[int]:
+        """Each request's cached tokens: the full context, or (``mean`` > 0) drawn from
+        N(mean, mean / 2), at least 1 and at most the context (the hand-written kernel's
+        own performance cases), seeded by the batch and mean only so every variant of a
+        shape gets the same lengths."""
+        if not self.mean:
+            return [self.context] * self.batch
+        g = torch.Generator().manual_seed(self.batch * 100003 + self.mean)
+        x = torch.normal(float(self.mean), self.mean / 2, (self.batch,), generator=g)
+        return x.round().clamp(1, self.context).to(torch.int64).tolist()
 
     @property
     def latent(self) -> bool:
@@ -85,7 +100,7 @@ def variants(base: list[Shape], kvs: tuple[str, ...], q_lens: tuple[int, ...]) -
                 suffix = ("-q2" if q_len == 2 else f"-q{q_len}" if q_len > 1 else "") + (
                     "-fp8" if kv == "fp8" else "")
                 out.append(Shape(s.name + suffix, s.batch, s.hq, s.hk, s.dk, s.dv, s.context,
-                                 kv, q_len))
+                                 kv, q_len, s.page, s.mean))
     return out
 
 
@@ -102,6 +117,9 @@ def shapes() -> list[Shape]:
         for ctx in (16384, 327600):
             out.append(Shape(f"deepseek-v3-tp8-mla-b{b}-c{ctx}", b, 16, 1, 576, 512, ctx))
     out.append(Shape("deepseek-v3-tp1-mla-b32-c16384", 32, 128, 1, 576, 512, 16384))
+    for mean in (4096, 8192, 16384, 32768):  # DP attention, ragged, 64-token pages
+        out.append(Shape(f"deepseek-v3-dp-ragged-b128-m{mean}", 128, 128, 1, 576, 512,
+                         2 * mean, page=64, mean=mean))
     for b in (1, 8):
         out.append(Shape(f"ouro-1.4b-mha-b{b}-c4096", b, 16, 16, 128, 128, 4096))
     # the issue's target shapes first, so a time limit drops the others
@@ -156,7 +174,7 @@ def _cache(nb: int, page: int, hk: int, d: int, kv: str, g: torch.Generator) -> 
 
 def make_sets(s: Shape, nsets: int, seed: int) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(seed)
-    page = 16
+    page = s.page
     pages = -(-s.context // page)
     sets = []
     for i in range(nsets):
@@ -167,7 +185,7 @@ def make_sets(s: Shape, nsets: int, seed: int) -> list[dict]:
         v = k[..., :s.dv] if s.latent else _cache(nb, page, s.hk, s.dv, s.kv, g)
         bt = torch.randperm(nb, device="cuda", generator=g)[:s.batch * pages]
         bt = bt.view(s.batch, pages).to(torch.int32)
-        sl = torch.full((s.batch,), s.context, dtype=torch.int32, device="cuda")
+        sl = torch.tensor(s.lengths(), dtype=torch.int32, device="cuda")
         inp = dict(q=q, k_cache=k, v_cache=v, block_table=bt, seq_lens=sl, scale=s.dk ** -0.5)
         if s.kv == "fp8":
             inp["k_scale"] = torch.full((1,), FP8_SCALE, device="cuda")
@@ -179,7 +197,7 @@ def make_sets(s: Shape, nsets: int, seed: int) -> list[dict]:
 def live_bytes(s: Shape) -> int:
     """The live cache once in its dtype, q read and the output written once per token."""
     per_tok = s.hk * (s.dk if s.latent else s.dk + s.dv) * (1 if s.kv == "fp8" else 2)
-    return s.batch * s.context * per_tok + s.batch * s.q_len * s.hq * (s.dk + s.dv) * 2
+    return sum(s.lengths()) * per_tok + s.batch * s.q_len * s.hq * (s.dk + s.dv) * 2
 
 
 #: the rows of each shape: split count 1, the heuristic, its twins (the reduce launched
@@ -266,7 +284,7 @@ def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[R
         if must not in cands:
             cands.append(must)
     nbytes = live_bytes(s)
-    flops = 2 * s.batch * s.q_len * s.hq * s.context * (s.dk + s.dv)
+    flops = 2 * s.q_len * s.hq * sum(s.lengths()) * (s.dk + s.dv)
     results = {}
     for cfg in cands:
         try:

@@ -26,7 +26,7 @@ export KDISPATCH_DB="$STATE/h200.sqlite"
 if [ -n "${BASE_DB:-}" ] && [ ! -f "$KDISPATCH_DB" ]; then install -m 644 "$BASE_DB" "$KDISPATCH_DB" || exit 1; fi
 TUNE_MINUTES=${TUNE_MINUTES:-5}
 MAX_CANDS=${MAX_CANDS:-12}
-PRESETS=${PRESETS:-kimi-k3-tp8,deepseek-v3-tp8,llama3-8b,ouro-1.4b,huginn}
+PRESETS=${PRESETS:-kimi-k3-tp8,deepseek-v3-tp8,llama3-8b,ouro-1.4b,huginn,deepseek-v3-dp}
 step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 has() { case ",$PHASES," in *",$1,"*) return 0;; esac; return 1; }
 

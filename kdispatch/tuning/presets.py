@@ -106,6 +106,12 @@ _BUILTIN = (
            "576/512, batch 8, 32 x context 16,384 and 327,600; latent-cache writes",
            model=ModelShape(16, 1, 576, 512, decode=grid([8, 32], [16384, 327600]),
                             write_tokens=(1, 8, 64)), max_candidates=MODEL_CANDIDATES),
+    Preset("deepseek-v3-dp", "DeepSeek-V3 with data-parallel attention (all 128 heads on one "
+           "GPU): absorbed MLA, 1 latent head 576/512, 64-token pages, batch 32, 128 x "
+           "context 8k-64k (ragged requests of mean 4k-32k); latent-cache writes",
+           model=ModelShape(128, 1, 576, 512, page_size=64,
+                            decode=grid([32, 128], [8192, 16384, 32768, 65536]),
+                            write_tokens=(1, 8, 64)), max_candidates=MODEL_CANDIDATES),
     Preset("smoke", "Tiny shapes for the CPU interpreter: two KV-write keys and two small "
            "decode keys (GQA 4/2 x 64), a few candidates each",
            model=ModelShape(4, 2, 64, decode=((1, 64), (2, 32)), write_tokens=(1, 8),

@@ -65,6 +65,26 @@ def test_preset_shapes_match_benchmarking_md():
     assert {(k["num_kv_heads"], k["head_dim"]) for k in hug_kv} == {(55, 96)}
 
 
+def test_deepseek_dp_preset_is_the_128_head_layout_on_64_token_pages():
+    """Issue 18's layout: all 128 heads on one GPU, batch 32 and 128, contexts up to twice
+    the ragged means 4k-32k, one and two query tokens, bf16 and fp8 latents; every key plans
+    on the H200 with a valid heuristic that fits the partials budget."""
+    h200 = Device.from_key("nvidia-h200")
+    dec, _ = _keys("deepseek-v3-dp", h200, "decode_attention")
+    assert {(k["num_q_heads"], k["head_dim"], k["head_dim_v"], k["page_size"]) for k in dec} == {
+        (128, 576, 512, 64)}
+    assert {(k["batch"], k["context"]) for k in dec} == {
+        (b, c) for b in (32, 128) for c in (8192, 16384, 32768, 65536)}
+    assert {(k["kv_dtype"], k["q_len"]) for k in dec} == {
+        (kv, q) for kv in ("bfloat16", "float8_e4m3fn") for q in (1, 2)} and len(dec) == 32
+    spec = get_op("decode_attention")
+    for k in dec:
+        key = spec.parse_key(k)
+        assert spec.is_valid(key, spec.heuristic(key)), k
+    writes, _ = _keys("deepseek-v3-dp", h200, "kv_write")
+    assert {(k["num_kv_heads"], k["head_dim"], k["page_size"]) for k in writes} == {(1, 576, 64)}
+
+
 def test_smoke_is_small():
     targets, notes = sweep.plan(Device.interpreter(), ["smoke"])
     ops = [t.op for t in targets]
