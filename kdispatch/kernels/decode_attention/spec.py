@@ -280,16 +280,13 @@ def heuristic(key: DecodeKey) -> DecodeConfig:
         block_n, warps, stages = latent_tile(key, block_h)
         splits = split_count(key, block_h, block_n, warps)
     else:
-        # fp8 caches keep the bf16 tile (64 tokens: 151 registers, no spills; not timed)
+        # fp8 caches take the bf16 tile (H200 full-space tune, session 8: 128 tokens at
+        # 3 stages best for both at every preset key, split or not)
         block_n = ladder(BLOCK_N_BY_DIM, p2(key.head_dim))
         if block_h >= 64:
             block_n = BLOCK_N_WIDE_HEADS
         warps = 8 if block_h >= 64 else 4
         splits = split_count(key, block_h, block_n, warps)
-        # H200: a 3-deep pipeline for the 64-token GQA tile of a split grid of ~2
-        # programs per SM (session 4: b8 x 32k 92.9% vs 70.4% at 2 stages); an unsplit
-        # GQA grid is several waves deep and wants the smaller footprint of 2 stages
-        # (session 4 tuning, b64: 98-100% vs 79-81% at 3 stages; huginn b8: 76% vs 62%)
         stages = 3
     # pdl stays off: launching the reduce early measured -3..+3% on most H200 shapes and
     # 9-15% slower at MLA batch 1 with 128-256 splits (session 4d, decode-pdl.json)

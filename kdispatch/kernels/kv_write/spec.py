@@ -34,9 +34,10 @@ WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (2048, 4), (MA
 # T=16384: 70.24 vs 69.46 us at 8 heads, 8 warps).
 BLOCK_T_DEFAULT = 1
 # fp8 caches (each value divided by its scale and rounded): elements per program of a
-# multi-token write (twice that for one token) and warps by tile. H200 full-space tune (session 8): one-token writes best at 4 heads x 128, 4 warps
-# (16 heads) and the 576-wide latent at 8 warps (1.9 vs 3.1 us at 4); 8-64 tokens best at
-# one head x 2-8 rows (16 x 128, 8 tokens: 1.1 us vs 1.8 at 16 heads x 1 row).
+# multi-token write (twice that for one token) and warps by tile. H200 full-space tune
+# (session 8): one-token writes best at 4 heads x 128, 4 warps (16 heads) and the 576-wide
+# latent at 8 warps (1.9 vs 3.1 us at 4); 8-64 tokens best at one head x 2-8 rows (16 x
+# 128, 8 tokens: 1.1 us vs 1.8 at 16 heads x 1 row).
 QUANT_TILE = 256
 #: up to this many tokens (a decode step); bulk fp8 writes keep the bf16 tiles (16,384
 #: tokens: within 2% of the best)
@@ -144,7 +145,7 @@ def heuristic(key: KVWriteKey) -> KVWriteConfig:
     block_d = triton.next_power_of_2(key.head_dim)
     if is_fp8(key.kv_dtype) and key.tokens <= QUANT_SMALL_TOKENS:
         # quantizing (a division per value) a decode step's tokens wants small programs
-        block_t = min(key.tokens, max(1, QUANT_TILE // block_d)) if key.tokens > 1 else 1
+        block_t = min(key.tokens, max(1, QUANT_TILE // block_d))
         block_h = 1 if key.tokens > 1 else min(max(1, 2 * QUANT_TILE // block_d),
                                                triton.next_power_of_2(key.num_kv_heads))
         tile = block_t * block_h * block_d
