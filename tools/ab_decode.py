@@ -66,17 +66,18 @@ def _child(cases: list[dict], configs: list[str], reps: int, cpu: bool) -> list[
     dev = torch.device("cpu" if cpu else "cuda")
     out = []
     for case in cases:
-        g = torch.Generator(device="cpu").manual_seed(0)
+        g = torch.Generator(device=dev).manual_seed(0)  # on the device: GB-sized caches
         page = 16
         pages = -(-case["context"] // page)
         nb = case["batch"] * pages + 3
         latent = case["hk"] == 1 and case["dk"] > case["dv"]
         qshape = (case["batch"], case["q_len"], case["hq"], case["dk"]) if case["q_len"] > 1 \
             else (case["batch"], case["hq"], case["dk"])
-        q = torch.randn(qshape, generator=g).to(dev, torch.bfloat16)
-        k = torch.randn(nb, page, case["hk"], case["dk"], generator=g).to(dev, torch.bfloat16)
-        v = None if latent else torch.randn(nb, page, case["hk"], case["dv"],
-                                            generator=g).to(dev, torch.bfloat16)
+        q = torch.randn(qshape, generator=g, device=dev).to(torch.bfloat16)
+        k = torch.randn(nb, page, case["hk"], case["dk"], generator=g, device=dev,
+                        dtype=torch.bfloat16)
+        v = None if latent else torch.randn(nb, page, case["hk"], case["dv"], generator=g,
+                                            device=dev, dtype=torch.bfloat16)
         scales = {}
         if case["fp8"]:
             s = torch.full((1,), FP8_SCALE, device=dev)
@@ -84,8 +85,8 @@ def _child(cases: list[dict], configs: list[str], reps: int, cpu: bool) -> list[
             v = None if v is None else quantize_fp8(v, s, torch.float8_e4m3fn)
             scales = {"k_scale": s, "v_scale": s}
         v = k[..., :case["dv"]] if latent else v
-        bt = torch.randperm(nb, generator=g)[:case["batch"] * pages].view(
-            case["batch"], pages).to(dev, torch.int32)
+        bt = torch.randperm(nb, generator=g, device=dev)[:case["batch"] * pages].view(
+            case["batch"], pages).to(torch.int32)
         sl = torch.full((case["batch"],), case["context"], dtype=torch.int32, device=dev)
         scale = case["dk"] ** -0.5
         ref = reference_decode_attention(q, k, v, bt, sl, scale=scale, **scales)

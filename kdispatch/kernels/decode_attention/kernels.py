@@ -41,10 +41,12 @@ program that arrives last merges every split's partials, in split order, into th
 
 Split boundaries depend only on the request's own live length and the config, so a
 request's bits do not depend on what it is batched with. A page id outside
-``[0, num_blocks)`` is never read: the rows of its tokens point at ``KZ``, a row of zeros
-in the cache dtype, and their scores are -inf, so they contribute nothing. The loads'
-masks depend on token positions only (a mask that depends on the loaded page id cost 33%
-at the unsplit GQA tile on the H200: docs/decode_notes.md v8).
+``[0, num_blocks)`` is never read: here the rows of its tokens point at ``KZ``, a row of
+zeros in the cache dtype (the latent stage 1 masks their loads instead: fewer
+instructions at its tile), and their scores are -inf, so they contribute nothing. The
+loads' masks here depend on token positions only (masking them by page id instead
+compiled to 949 vs 647 instructions per iteration at the 128-token GQA tile:
+docs/decode_notes.md v9).
 
 fp8 tiles whose dot needs them transposed at 16-bit granularity (V, and the shared
 latent) are converted by :func:`_fp8_f16` on NVIDIA GPUs (``ASM_CVT``): loaded from shared
@@ -156,9 +158,10 @@ def _tile_pages(bt_row, n0, end, page, num_blocks, stride_btp, PAGE: tl.constexp
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_next = offs_n + BLOCK_N
     page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
-                        other=0)
+                        other=-1)
     in_range = offs_n < end
-    readable = in_range & (page >= 0) & (page < num_blocks)
+    # tokens past the end carry page id -1: one unsigned compare tests both
+    readable = page.to(tl.uint32, bitcast=True) < num_blocks
     return offs_n, in_range, readable, page.to(tl.int64), offs_n % PAGE, page_next
 
 
@@ -305,7 +308,7 @@ def _decode_stage1(
     v_head = kvh * stride_vh
     bt_row = BT + b * stride_btb
     offs_n = start + tl.arange(0, BLOCK_N)
-    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
+    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=-1)
     for n0 in range(start, end, BLOCK_N):
         offs_n, in_range, readable, page64, in_page, page_next = _tile_pages(
             bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)

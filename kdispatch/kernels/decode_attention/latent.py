@@ -7,7 +7,8 @@ per request (``QLEN``: speculative decoding, multi-token prediction) every laten
 feeds ``QLEN x heads`` rows of the dots -- what makes MLA with MTP compute-bound rather
 than reading the latent once per token. fp8 latents (``KV_FP8``) are loaded as fp8 and
 converted in registers (to fp16 for fp16 dots, ``F16_DOTS``); their scales are read by
-the kernel.
+the kernel. A page id outside ``[0, num_blocks)`` is masked out of the latent loads
+(never dereferenced) and its tokens' scores are -inf.
 """
 
 import triton
@@ -17,7 +18,6 @@ from kdispatch.kernels.decode_attention.kernels import (
     _dequant,
     _dot_operand,
     _merge_if_last,
-    _row_ptrs,
     _scores_scale,
     _softmax_step,
     _split_range,
@@ -29,7 +29,7 @@ from kdispatch.kernels.decode_attention.kernels import (
 
 @triton.jit
 def _decode_stage1_latent(
-    Q, K, BT, SL, O, PO, PL, CNT, KS, VS, KZ,
+    Q, K, BT, SL, O, PO, PL, CNT, KS, VS,
     qk_scale, cap, window, max_len, num_blocks,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kp, stride_kh,
@@ -89,20 +89,22 @@ def _decode_stage1_latent(
     k_head = kvh * stride_kh
     bt_row = BT + b * stride_btb
     offs_n = start + tl.arange(0, BLOCK_N)
-    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=0)
+    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=-1)
     for n0 in range(start, end, BLOCK_N):
         offs_n, in_range, readable, page64, in_page, page_next = _tile_pages(
             bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
-        k_row = _row_ptrs(K, page64, in_page, k_head, readable, stride_kb, stride_kp, KZ)
+        # an out-of-cache page id is masked out of the loads (never dereferenced): at this
+        # tile a mask costs fewer instructions than pointing its rows at the zero row
+        k_row = K + (page64 * stride_kb + in_page * stride_kp + k_head)
         kp = k_row[:, None] + offs_c[None, :]
-        k0 = tl.load(kp, mask=in_range[:, None], other=0.0)
-        k1 = tl.load(kp + HALF, mask=in_range[:, None], other=0.0)
+        k0 = tl.load(kp, mask=readable[:, None], other=0.0)
+        k1 = tl.load(kp + HALF, mask=readable[:, None], other=0.0)
         if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized, staged as
             k0 = _dequant(k0, q0.dtype, ASM_CVT)  # fp16 for both dots)
             k1 = _dequant(k1, q0.dtype, ASM_CVT)
         if BLOCK_DPE > 0:  # rope tail first, then the halves accumulate into its scores
             k_pe = tl.load(k_row[:, None] + DV + offs_pe[None, :],
-                           mask=in_range[:, None] & pe_mask[None, :], other=0.0)
+                           mask=readable[:, None] & pe_mask[None, :], other=0.0)
             if UPCAST or KV_FP8:
                 k_pe = k_pe.to(q0.dtype)
             s = tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)

@@ -190,19 +190,21 @@ def _workspace(p: Plan, q: torch.Tensor) -> tuple[Any, Any, Any]:
 _ZERO_ROWS: dict[tuple[Any, Any], torch.Tensor] = {}
 
 
-def zero_row(cache: torch.Tensor, n: int) -> torch.Tensor:
-    """At least ``n`` zeros in ``cache``'s dtype on its device, never written: where stage 1
-    points the rows of a page id outside the cache.
+def zero_row(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """A row of zeros as wide as the widest cache row, in the caches' dtype on their device,
+    never written: where the generic stage 1 points the rows of a page id outside the cache
+    (the latent stage 1 masks those loads instead).
 
     Kept per (device, dtype) and reused. Under CUDA-graph capture a new one is made for the
     graph (its zero fill is captured with it) and not kept: its memory is the graph's.
     """
-    z = _ZERO_ROWS.get((cache.device, cache.dtype))
+    n = max(k_cache.shape[3], v_cache.shape[3])
+    z = _ZERO_ROWS.get((k_cache.device, k_cache.dtype))
     if z is not None and z.numel() >= n:
         return z
-    z = torch.zeros(max(n, 1024), dtype=cache.dtype, device=cache.device)
-    if not (cache.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _ZERO_ROWS[(cache.device, cache.dtype)] = z
+    z = torch.zeros(max(n, 1024), dtype=k_cache.dtype, device=k_cache.device)
+    if not (k_cache.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _ZERO_ROWS[(k_cache.device, k_cache.dtype)] = z
     return z
 
 
@@ -211,9 +213,12 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
              scale: float, logit_cap: float, window: int, k_scale: Any = None,
              v_scale: Any = None, zeros: Any = None) -> list[KernelLaunch]:
     """The plan's launches as data (stage 1, then the reduce when it has one), with a
-    freshly allocated workspace (and :func:`zero_row` unless ``zeros`` is given)."""
-    if zeros is None:
-        zeros = zero_row(k_cache, max(k_cache.shape[3], v_cache.shape[3]))
+    freshly allocated workspace (and, for the generic stage 1, :func:`zero_row` unless
+    ``zeros`` is given)."""
+    if p.latent:
+        zeros = ()
+    else:
+        zeros = (zero_row(k_cache, v_cache) if zeros is None else zeros,)
     po, pl, cnt = _workspace(p, q)
     po_arg = po if po is not None else out
     pl_arg = pl if pl is not None else out
@@ -223,7 +228,7 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     ks_arg = k_scale if k_scale is not None else seq_lens
     vs_arg = v_scale if v_scale is not None else seq_lens
     args = (q, *kv, block_table, seq_lens, out, po_arg, pl_arg, cnt_arg, ks_arg, vs_arg,
-            zeros, float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
+            *zeros, float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
             *stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, out, window))
     kernel = _decode_stage1_latent if p.latent else _decode_stage1
     out_launches = [KernelLaunch(kernel, p.grid, args, p.constexprs, p.options)]
@@ -366,12 +371,11 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
     cap = float(logit_cap) if p.capped else 1.0
     ksp = sp if k_scale is None else k_scale.data_ptr()
     vsp = sp if v_scale is None else v_scale.data_ptr()
-    zp = e.zeros.data_ptr()
     if p.latent:
-        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, ksp, vsp, zp, qks, cap, *e.tail1)
+        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, ksp, vsp, qks, cap, *e.tail1)
     else:
-        e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, ksp, vsp, zp, qks, cap,
-                 *e.tail1)
+        e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, ksp, vsp, e.zeros.data_ptr(),
+                 qks, cap, *e.tail1)
     if e.reduce is not None:
         e.reduce(stream, sp, po, pl, op_, *e.tail2[2:])
     del ws, counters  # the caching allocator orders their reuse after these launches
@@ -392,10 +396,11 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     p = checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
-    zeros = zero_row(k_cache, max(k_cache.shape[3], v_cache.shape[3]))
+    zeros = None if p.latent else zero_row(k_cache, v_cache)
     first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,
                                 logit_cap, window, k_scale, v_scale, zeros)
-    if sig is None or _ZERO_ROWS.get((k_cache.device, k_cache.dtype)) is not zeros:
+    if sig is None or (zeros is not None
+                       and _ZERO_ROWS.get((k_cache.device, k_cache.dtype)) is not zeros):
         return o  # a zero row made under graph capture is the graph's: cache nothing
     tail1 = stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, o, window)
     ws_numel = pl_offset = 0
@@ -405,7 +410,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     stage1 = reduce = None
     if q.is_cuda:  # make_direct says None where direct launches are off
         kernel = _decode_stage1_latent if p.latent else _decode_stage1
-        n_ptr = 11 if p.latent else 12
+        n_ptr = 10 if p.latent else 12
         stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
         if p.reduce_grid is not None and stage1 is not None:
             n2 = 4 + len(reduce_args(p, k_cache, block_table, seq_lens, o, window))

@@ -52,9 +52,11 @@ MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
 #: tail wave); TP1 128 heads best at 2 splits (128 programs at 1 per SM).
 LATENT_PROGRAMS_PER_SM = 2
 LATENT_PROGRAMS_PER_SM_WIDE = 1
-#: minimum tiles per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles)
-#: 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3
-LATENT_MIN_TILES_PER_SPLIT = 16
+#: minimum tokens per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles
+#: of 32) 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3; in tokens, not tiles, since the
+#: session 9 tune: the fp8 two-token 64-token tile there is best at 128 splits (8 tiles,
+#: 53.8 us) and took 84.8 us at the 64 that 16 tiles allowed
+LATENT_MIN_TOKENS_PER_SPLIT = 512
 #: BLOCK_N by padded q/k head dim. H200 full-space tune (session 8, 3 stages, the kernels
 #: with the zero-row page guard): GQA D<=128 best at 128 tokens at every preset key (bf16
 #: b4 x 262k 952 vs 965 us at 64; fp8 640 vs 941 us; D=96 too). Session 4 (older kernels,
@@ -68,8 +70,8 @@ BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 128), (256, 64), (1 << 20, 
 #: full-space tune (v8): bf16 32 rows (two tokens x 16 heads) best at 32 tokens, 4 warps,
 #: 3 stages at every two-token key (1.37-1.63x faster than 16 tokens, though ptxas
 #: reports 68 bytes of spills); fp8 16 rows as bf16 (211 registers, no spills); fp8 32
-#: rows at 64 tokens, 8 warps, 2 stages (1.9-2.5x faster than 16 tokens at 3). fp8
-#: latent blocks stop at 32 rows (64 spilled 0.5-1 KB before v8; not re-checked).
+#: rows at 64 tokens, 8 warps, 2 stages (1.9-2.5x faster than 16 tokens at 3). Session 9
+#: (128 heads): fp8 64-row blocks best at that tile too, as bf16 ones.
 #: BLOCK_N of wide (>= 64-row) GQA blocks, as for MLA (H200 v1, 128 heads).
 BLOCK_N_WIDE_HEADS = 64
 LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
@@ -226,13 +228,13 @@ def smem_bytes(key: DecodeKey, cfg: DecodeConfig) -> int:
 
 
 def default_block_h(key: DecodeKey) -> int:
-    """All rows of a kv head (tokens x heads) in one block up to 64 rows (32 for an fp8
-    latent): MLA with several query tokens reads each latent tile once for all of them."""
+    """All rows of a kv head (tokens x heads) in one block up to 64 rows: MLA with several
+    query tokens reads each latent tile once for all of them. fp8 latents too since the
+    fp8 tiles are converted after row-vectorized loads (H200 session 9 tune, 128 heads:
+    64-row fp8 blocks 1.6x faster than 32-row ones at every deepseek-v3-dp key)."""
     rows = key.rows
     if rows <= 16:
         return 16
-    if key.latent and is_fp8(key.kv_dtype):
-        return 32  # see LATENT_TILES: 64 fp8 rows spill at every tile
     return min(64, p2(rows))  # aiter bh64-style regime for wide MLA (128 heads: 2 blocks)
 
 
@@ -264,7 +266,7 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) 
         wide = block_h >= 64 or num_warps >= 8
         per_sm = LATENT_PROGRAMS_PER_SM_WIDE if wide else LATENT_PROGRAMS_PER_SM
         splits = max(1, per_sm * key.cu_count // base)
-        min_tokens = LATENT_MIN_TILES_PER_SPLIT * block_n
+        min_tokens = LATENT_MIN_TOKENS_PER_SPLIT
     else:
         splits = max(1, round(GQA_PROGRAMS_PER_SM * key.cu_count / base))
         min_tokens = ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
