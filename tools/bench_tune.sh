@@ -23,6 +23,14 @@ else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 unset TRITON_INTERPRET KDISPATCH_DB
+# The device image sets PYTHONDONTWRITEBYTECODE=1 and its torch has no __pycache__: every
+# process compiled torch's sources again (import torch 3.3-3.9 s instead of ~2.4 s, in the
+# tuner, each worker and each of ~31 compile-pool processes at once), which no installed
+# torch does. Bytecode goes to a cache of its own, filled once here, outside the timings.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/kdispatch-pycache}
+python3 -c "import kdispatch.cli.tune, kdispatch.tuning.parallel, kdispatch.tuning.sweep, \
+kdispatch.tuning.precompile as p, rich.progress; p.warm_up()" || exit 1
 echo "== $(date +%T) $(nproc) cores; $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
 if [ "${GPU_TEST:-0}" = "1" ]; then
   echo "== $(date +%T) gpu test: compile ahead vs at launch"

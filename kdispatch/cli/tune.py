@@ -101,6 +101,7 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
         from kdispatch.tuning.ahead import CompileSettings, open_pool
         from kdispatch.tuning.devices import input_budget
         from kdispatch.tuning.estimate import SpaceRule
+        from kdispatch.tuning.throughput import process_age
 
         space = SpaceRule(mode, budget_minutes)
         plan = {"presets": names, "ops": op_list or None, "from_misses": from_misses,
@@ -131,9 +132,11 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
             if not ui.announce(dev, targets, notes, store, from_misses):
                 return
             with ui.progress() as on_update:
+                started = process_age()
                 result = sweep.tune(targets, device=dev, torch_device=tdev, store=store,
                                     progress=_progress_cb(on_update, ui, pool),
                                     precompile=pool, **run)
+                result.throughput.start_s = started
         ui.console.print(_summary_table(result.summaries))
         ui.report(result.measured, result.skipped, f"run {result.run_id}",
                   result.stopped == "budget", budget_minutes)
@@ -276,6 +279,9 @@ class _Reporter:
         """The run's throughput line; with a compile pool, what the timing processes spent
         describing keys for it and waiting for its kernels (a line of its own)."""
         self.console.print(thr.line(), highlight=False, soft_wrap=True)
+        self.console.print(thr.startup_line(), highlight=False, soft_wrap=True)
+        if len(thr.workers) > 1:
+            self.console.print(thr.worker_line(), highlight=False, soft_wrap=True)
         if thr.pool:
             self.console.print(f"compiling ahead: {thr.describe_s:.1f} s describing keys for "
                                f"the pool, {thr.wait_s:.1f} s waiting for kernels",

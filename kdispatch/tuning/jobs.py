@@ -119,19 +119,21 @@ def make_jobs(runs: Sequence[GroupRun], *, on_demand: bool = True) -> list[Job]:
     return jobs
 
 
-def claimer(claims: Any, flag: int = CLAIMED) -> Callable[[int], bool]:
+def claimer(claims: Any, flag: int = CLAIMED, offset: int = 0) -> Callable[[int], bool]:
     """``claim(i)``: True for the first worker to ask for key ``i`` of a shared register.
 
-    ``claims`` is a lock-guarded array of flags (``multiprocessing.Array("b", n)``). With
+    ``claims`` is a lock-guarded array of flags (``multiprocessing.Array("b", n)``); the
+    register of one key list starts at ``offset`` in it (workers started before the keys
+    were planned share one array sized ahead, one slice per device group). With
     ``flag=FED`` it asks whether to feed key ``i`` to the compile pool: False once any
     worker fed it or claimed it for timing (that worker describes it itself).
     """
     def claim(i: int) -> bool:
         with claims.get_lock():
-            have = claims[i]
+            have = claims[offset + i]
             if have & (CLAIMED | flag):
                 return False
-            claims[i] = have | flag
+            claims[offset + i] = have | flag
             return True
     return claim
 
@@ -192,18 +194,24 @@ def _describe(exc: BaseException) -> str:
 
 
 def _worker(job: Job, db_url: str, options: dict[str, Any], extra: bytes, events: Any,
-            claims: Any = None, replies: Any = None, pool_workers: int = 1) -> None:
-    """Process entry (spawn): tune one shard, forwarding progress and the outcome."""
+            claims: Any = None, replies: Any = None, pool_workers: int = 1,
+            offset: int = 0, timeline: dict[str, Any] | None = None) -> None:
+    """Process entry (spawn): tune one shard, forwarding progress and the outcome.
+
+    ``timeline``: when the worker was started and ready (seconds from the run's start, see
+    :mod:`kdispatch.tuning.workers`), added to its throughput figures."""
     def progress(p: Progress) -> None:
         events.put(("progress", job.index, p))
 
-    claim = claimer(claims) if claims is not None else None
-    first = claimer(claims, FED) if claims is not None else None
+    claim = claimer(claims, CLAIMED, offset) if claims is not None else None
+    first = claimer(claims, FED, offset) if claims is not None else None
     pool = RemotePool(events, replies, job.index, pool_workers) if replies is not None \
         else None
     try:
         counts = run_shard(job.targets, job.device_name, db_url, options, extra, progress,
                            claim, pool, first)
+        if timeline is not None and "throughput" in counts:
+            counts["throughput"].update(timeline)
     except KeyboardInterrupt:
         events.put(("failed", job.index, "interrupted"))
         raise SystemExit(130) from None
@@ -256,7 +264,8 @@ class _Board:
 def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None = None,
               seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
               compile_settings: CompileSettings | None = None,
-              on_compile: CompileFn | None = None, pool: Any = None) -> list[WorkerResult]:
+              on_compile: CompileFn | None = None, pool: Any = None,
+              workers: Any = None) -> list[WorkerResult]:
     """Run each job in its own spawned process and wait for all of them.
 
     Parameters
@@ -277,6 +286,9 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
     pool : CompilePool, optional
         The host's pool, opened by the caller (before planning, so its processes are
         ready when the workers are); else ``compile_settings`` open one here.
+    workers : WarmWorkers, optional
+        Processes started before the keys were planned (:class:`~kdispatch.tuning.
+        workers.WarmWorkers`): the jobs go to them instead of to new processes.
 
     Returns
     -------
@@ -291,7 +303,11 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
     interpreter = all(j.device_name == "cpu" for j in jobs)
     with nullcontext(pool) if pool is not None else open_pool(
             compile_settings, interpreter=interpreter, timing_processes=len(jobs)) as host:
-        results = _run_processes(jobs, db_url, options, on_update, host, on_compile)
+        if workers is not None:
+            results = workers.run(jobs, db_url, options, extra_specs(
+                t.op for j in jobs for t in j.targets), on_update, host, on_compile)
+        else:
+            results = _run_processes(jobs, db_url, options, on_update, host, on_compile)
         if host is not None and on_compile is not None:
             on_compile(host.stats())
     return results
@@ -305,8 +321,6 @@ def _run_processes(jobs: Sequence[Job], db_url: str, options: dict[str, Any],
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     extra = extra_specs(t.op for j in jobs for t in j.targets)
-    results = {j.index: WorkerResult(j.index, j.device_name) for j in jobs}
-    board = _Board(jobs, on_update)
     sizes = {j.group: len(j.targets) for j in jobs if j.shared}  # one register per group
     claims = {g: ctx.Array("b", n) for g, n in sizes.items()}
     replies = {j.index: ctx.Queue() for j in jobs} if pool is not None else {}
@@ -316,6 +330,19 @@ def _run_processes(jobs: Sequence[Job], db_url: str, options: dict[str, Any],
                                                replies.get(j.index), size),
                          name=f"kdispatch-tune-{j.device_name}-{j.index}", daemon=False)
              for j in jobs]
+    for p in procs:
+        p.start()
+    return supervise(jobs, procs, events, replies, on_update, pool, on_compile)
+
+
+def supervise(jobs: Sequence[Job], procs: Sequence[Any], events: Any, replies: dict[int, Any],
+              on_update: UpdateFn | None, pool: Any, on_compile: CompileFn | None,
+              ) -> list[WorkerResult]:
+    """Wait for the started worker processes ``procs`` (one per job, in job order): relay
+    their progress and compile requests, then say how each ended. Closes ``pool`` (before
+    the reply queues) and the event queue."""
+    results = {j.index: WorkerResult(j.index, j.device_name) for j in jobs}
+    board = _Board(jobs, on_update)
 
     def handle(event: tuple[Any, ...]) -> None:
         kind, index = event[0], event[1]
@@ -332,8 +359,6 @@ def _run_processes(jobs: Sequence[Job], db_url: str, options: dict[str, Any],
         elif kind == "prioritize":
             pool.prioritize(event[2])
 
-    for p in procs:
-        p.start()
     shown = 0.0
     try:
         while any(p.is_alive() for p in procs):
@@ -373,23 +398,3 @@ def _run_processes(jobs: Sequence[Job], db_url: str, options: dict[str, Any],
         elif r.error is None and p.exitcode not in (0, None):
             r.error = f"worker exited with code {p.exitcode}"
     return [results[j.index] for j in jobs]
-
-
-def failure_message(results: Sequence[WorkerResult]) -> str | None:
-    """One line naming each failed worker's device and error, or None if all succeeded."""
-    failed = [r for r in results if not r.ok]
-    if not failed:
-        return None
-    parts = [f"worker {r.index} on {r.device_name} failed: {r.error}" for r in failed]
-    return (f"{len(failed)} of {len(results)} tuning workers failed ("
-            + "; ".join(parts) + "); measurements they committed are kept, rerun to resume")
-
-
-def totals(results: Sequence[WorkerResult]) -> tuple[int, int, bool]:
-    """(measured, skipped, whether any worker stopped on its budget) over the workers."""
-    measured = sum((r.counts or {}).get("measured", 0) for r in results)
-    skipped = sum((r.counts or {}).get("skipped", 0) for r in results)
-    stopped = any((r.counts or {}).get("stopped") == "budget" for r in results)
-    return measured, skipped, stopped
-
-

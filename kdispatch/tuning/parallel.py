@@ -3,7 +3,9 @@
 ``kdispatch tune --device all`` (or ``--device cuda:0,cuda:1``) groups the devices by their
 dispatch device key, plans the keys of each group for that device, splits them across the
 group's devices, and runs :func:`kdispatch.tuning.sweep.tune_shard` in one spawned process
-per device, every worker writing to the same database URL. Keys are handed out on demand:
+per device, every worker writing to the same database URL. The worker processes start
+first (:class:`~kdispatch.tuning.workers.WarmWorkers`): their imports and GPU set-up overlap
+the planning, and they report their dispatch devices, so this process never touches a GPU. Keys are handed out on demand:
 the workers of a group share the group's key list and a register of claimed keys, and each
 takes the next unclaimed key when it is free (a fixed round-robin split left one of two
 H200s idle for a third of a run while the other tuned the costly keys; docs/benchmarks.md).
@@ -34,12 +36,13 @@ from typing import Any, Protocol
 from kdispatch.device import Device
 from kdispatch.tuning import sweep
 from kdispatch.tuning.ahead import CompileSettings, open_pool
-from kdispatch.tuning.devices import TuningError, input_budget
+from kdispatch.tuning.devices import TuningError
 from kdispatch.tuning.estimate import SpaceRule
 from kdispatch.tuning.jobs import (CompileFn, DeviceGroup, GroupRun, Job, UpdateFn,
-                                   WorkerResult, claimer, extra_specs, failure_message,
-                                   make_jobs, run_local, run_shard, totals)
+                                   WorkerResult, claimer, extra_specs, make_jobs, run_local,
+                                   run_shard)
 from kdispatch.tuning.plan import TuneTarget, plan, plan_defaults, plan_misses
+from kdispatch.tuning.workers import WarmWorkers, failure_message, totals
 
 __all__ = ["DeviceGroup", "GroupRun", "Job", "Reporter", "UpdateFn", "WorkerResult",
            "claimer", "device_for", "extra_specs", "failure_message", "group_devices",
@@ -183,13 +186,15 @@ def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequen
 def tune_local(runs: Sequence[GroupRun], store: Any, *, budget_minutes: float | None = None,
                seed: int = 0, mark_misses: bool = False, on_update: UpdateFn | None = None,
                compile_settings: CompileSettings | None = None,
-               on_compile: CompileFn | None = None, pool: Any = None) -> list[WorkerResult]:
+               on_compile: CompileFn | None = None, pool: Any = None,
+               workers: WarmWorkers | None = None) -> list[WorkerResult]:
     """Hand every group's keys to its devices, run the workers, then summarize.
 
     Each :class:`GroupRun` gets ``summaries`` read back from the database
     (:func:`~kdispatch.tuning.sweep.summarize` over all its keys), so the table is the one
     a single-device run prints, whatever worker measured which key. ``pool``: the host's
-    compile pool when the caller opened it already (see :func:`run_local`).
+    compile pool when the caller opened it already (see :func:`run_local`); ``workers``:
+    worker processes started before planning (:class:`~kdispatch.tuning.workers.WarmWorkers`).
 
     Returns
     -------
@@ -199,7 +204,8 @@ def tune_local(runs: Sequence[GroupRun], store: Any, *, budget_minutes: float | 
     jobs = make_jobs(runs)
     results = run_local(jobs, store.url, budget_minutes=budget_minutes, seed=seed,
                         mark_misses=mark_misses, on_update=on_update,
-                        compile_settings=compile_settings, on_compile=on_compile, pool=pool)
+                        compile_settings=compile_settings, on_compile=on_compile, pool=pool,
+                        workers=workers)
     for run in runs:
         run.summaries = sweep.summarize(store, run.group.device, run.targets)
     return results
@@ -248,16 +254,25 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
     """
     names = parse_devices(device_spec)
     settings = run.get("compile_settings")
-    # the host's compile pool starts first: its processes start while the keys are planned
-    with open_pool(settings, interpreter=all(n == "cpu" for n in names),
-                   timing_processes=len(names)) as pool:
-        return _plan_and_run(names, store, plan, run, ui, settings, pool)
+    interpreter = all(n == "cpu" for n in names)
+    if interpreter:
+        sweep.use_interpreter()  # this process plans the keys of the interpreter device
+    size = settings.workers_for(len(names), interpreter) if settings is not None else 0
+    # the workers start first (importing torch and setting up a GPU takes them seconds),
+    # then the host's compile pool; the keys are planned while both start
+    with WarmWorkers(names, size) as warm, open_pool(
+            settings, interpreter=interpreter, timing_processes=len(names)) as pool:
+        return _plan_and_run(names, store, plan, run, ui, settings, pool, warm)
 
 
 def _plan_and_run(names: list[str], store: Any, plan: dict[str, Any], run: dict[str, Any],
                   ui: Reporter, settings: CompileSettings | None, pool: Any,
-                  ) -> tuple[list[GroupRun], list[WorkerResult]]:
-    groups = group_devices([(n, device_for(n)) for n in names])
+                  warm: WarmWorkers) -> tuple[list[GroupRun], list[WorkerResult]]:
+    ready = warm.devices()  # the workers set up their GPUs; this process touches none
+    groups = group_devices([(n, dev) for n, dev, _ in ready])
+    budgets: dict[str, int] = {}
+    for n, _, b in ready:
+        budgets[n] = min(budgets.get(n, b), b)
     runs = []
     for g in groups:
         kw = dict(plan)
@@ -266,7 +281,7 @@ def _plan_and_run(names: list[str], store: Any, plan: dict[str, Any], run: dict[
                 if settings is not None else 0
             kw["space"] = dataclasses.replace(kw["space"], gpus=len(g.names),
                                               compile_workers=workers)
-        budget = input_budget("cpu" if g.names[0] == "cpu" else g.names[0])
+        budget = min(budgets[n] for n in g.names)
         targets, notes = plan_targets(store, g.device, **kw, max_input_bytes=budget)
         where = f"; {len(g.names)} workers: {', '.join(g.names)}"
         if ui.announce(g.device, targets, notes, store, plan.get("from_misses", False), where):
@@ -275,5 +290,5 @@ def _plan_and_run(names: list[str], store: Any, plan: dict[str, Any], run: dict[
         return [], []
     with ui.progress() as on_update:
         results = tune_local(runs, store, on_update=on_update, on_compile=ui.compiling,
-                             pool=pool, **run)
+                             pool=pool, workers=warm, **run)
     return runs, results

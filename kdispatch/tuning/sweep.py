@@ -225,7 +225,13 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     result.stopped = "budget"
                     complete = False
                     break
-                if _config_digest(cfg) in store.measured_configs(t.op, t.key, hashes[t.op]):
+                s0 = time.monotonic()
+                if thr.first_s is None:
+                    thr.first_s = s0 - t0
+                elsewhere = _config_digest(cfg) in store.measured_configs(t.op, t.key,
+                                                                          hashes[t.op])
+                thr.store_s += time.monotonic() - s0
+                if elsewhere:
                     result.skipped += 1  # another tuner measured it meanwhile
                     done += 1
                     report("measured elsewhere")
@@ -241,10 +247,12 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                                         hashes[t.op], t.key, best)
                     thr.pilot_only += bool(timing is not None and timing.pilot)
                     thr.gpu_s += time.monotonic() - c0
+                s0 = time.monotonic()
                 if store.record(m, result.run_id):
                     result.measured += 1
                 else:
                     result.skipped += 1
+                thr.store_s += time.monotonic() - s0
                 measure_s += time.monotonic() - c0
                 measured_here += 1
                 done += 1

@@ -7,9 +7,26 @@ workers merges them and adds the pool's own figures (:meth:`Throughput.merge`).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: from ``/proc``, to 10 ms), else None.
+
+    The start-up a user waits for (the interpreter, imports, the GPU) happens before any
+    of this package's code runs, so it is read from the kernel's record of the process.
+    """
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(after_name[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass
@@ -37,6 +54,20 @@ class Throughput:
         :class:`~kdispatch.tuning.compile_pool.PoolStats` of the pool, when one ran.
     jit_names : list of str
         The kernels the timing process compiled itself (the first 20).
+    start_s : float or None
+        Seconds from the run's start (its process's start) to this sweep's first key:
+        the start-up (imports, compile pool, GPU set-up, planning; for a worker of
+        ``--device all``, also waiting for its job).
+    worker_start_s, ready_s : float or None
+        A worker process of ``--device all``: when it started and when its device was
+        set up, in seconds from the run's start.
+    first_s : float or None
+        Seconds from this sweep's start to its first candidate (per-key set-up, the first
+        key's inputs and its first kernels).
+    store_s : float
+        Seconds spent reading and committing rows between candidates.
+    device : str
+        The worker's device name (``cuda:0``), when it is one of several.
     """
 
     wall_s: float = 0.0
@@ -50,6 +81,14 @@ class Throughput:
     wait_s: float = 0.0
     pool: dict[str, Any] | None = None
     jit_names: list[str] = field(default_factory=list)
+    start_s: float | None = None
+    worker_start_s: float | None = None
+    ready_s: float | None = None
+    first_s: float | None = None
+    store_s: float = 0.0
+    device: str = ""
+    #: the workers' own figures, when several were merged (:meth:`merge`)
+    workers: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,7 +124,44 @@ class Throughput:
             out.jit_names = (out.jit_names + t.jit_names)[:20]
             out.describe_s = max(out.describe_s, t.describe_s)
             out.wait_s += t.wait_s
+            out.store_s += t.store_s
+            out.workers.append(t.as_dict())
+        starts = [t["start_s"] for t in out.workers if t.get("start_s") is not None]
+        out.start_s = min(starts) if starts else None
         return out
+
+    def worker_line(self) -> str:
+        """Where each worker's time went, from the run's start (several workers only).
+
+        >>> Throughput(workers=[dict(device="cuda:0", worker_start_s=3.0, ready_s=5.5,
+        ...            start_s=6.0, wall_s=16.0, gpu_s=11.0, describe_s=2.0, wait_s=1.0,
+        ...            first_s=0.5)]).worker_line()
+        'workers (s from the start): cuda:0 started 3.0, device ready 5.5, first key 6.0, busy 16.0 (GPU 11.0, describing 2.0, waiting 1.0, first candidate after 0.5)'
+        """
+        parts = []
+        for w in self.workers:
+            def at(name: str) -> str:
+                v = w.get(name)
+                return "?" if v is None else f"{v:.1f}"
+
+            parts.append(f"{w.get('device') or '?'} started {at('worker_start_s')}, device "
+                         f"ready {at('ready_s')}, first key {at('start_s')}, busy "
+                         f"{w.get('wall_s', 0.0):.1f} (GPU {w.get('gpu_s', 0.0):.1f}, "
+                         f"describing {w.get('describe_s', 0.0):.1f}, waiting "
+                         f"{w.get('wait_s', 0.0):.1f}, first candidate after {at('first_s')})")
+        return "workers (s from the start): " + "; ".join(parts)
+
+    def startup_line(self) -> str:
+        """The start-up before the first key, and what the sweep spent between candidates
+        on the database.
+
+        >>> Throughput(start_s=3.6, first_s=0.8, store_s=0.4).startup_line()
+        'start-up 3.6 s before the first key; first candidate 0.8 s after it; database reads and commits 0.4 s'
+        """
+        start = "?" if self.start_s is None else f"{self.start_s:.1f}"
+        first = "" if self.first_s is None else f"; first candidate {self.first_s:.1f} s after it"
+        return (f"start-up {start} s before the first key{first}; database reads and "
+                f"commits {self.store_s:.1f} s")
 
     @property
     def per_second(self) -> float:

@@ -7,7 +7,8 @@
 - 32 raises TypeError when ``KD_FAKE_BUG=1`` (a programming error: must propagate).
 
 ``KD_FAKE_SLEEP`` (seconds) slows every run (kill/resume and concurrency tests);
-``KD_FAKE_LOG`` (a file) gets one line ``pid n block`` per run.
+``KD_FAKE_LOG`` (a file) gets one line ``pid n block`` per run; ``KD_FAKE_TIMES`` (a file)
+one line ``pid start end`` per run (``time.monotonic``, system-wide: overlap tests).
 """
 
 from __future__ import annotations
@@ -76,8 +77,13 @@ class FakeSpec(Op, OpTuning):
 
     def launch(self, config, x):
         sleep = float(os.environ.get("KD_FAKE_SLEEP", "0") or 0)
+        t0 = time.monotonic()
         if sleep:
             time.sleep(sleep)
+        times = os.environ.get("KD_FAKE_TIMES")
+        if times:
+            with open(times, "a") as f:
+                f.write(f"{os.getpid()} {t0} {time.monotonic()}\n")
         log = os.environ.get("KD_FAKE_LOG")
         if log:
             with open(log, "a") as f:

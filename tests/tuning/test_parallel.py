@@ -20,6 +20,7 @@ import fakeops
 from kdispatch.device import Device
 from kdispatch.store import MeasurementIn, Store, digest
 from kdispatch.tuning import parallel, sweep
+from kdispatch.tuning.jobs import FED
 
 N_KEYS, N_CANDS = 3, len(fakeops.BLOCKS)
 KEYS_N = (64, 256, 1024)  # the fake preset's keys (round-robin: worker 0 gets 64 and 1024)
@@ -307,3 +308,65 @@ def test_all_gpus_tune_the_smoke_preset_once(tmp_path):
         assert "tuning summary" in r.stdout
     finally:
         s.dispose()
+
+
+def _busy(path):
+    """Per worker pid: its launches' (start, end) intervals."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for line in path.read_text().splitlines():
+        pid, t0, t1 = line.split()
+        out.setdefault(int(pid), []).append((float(t0), float(t1)))
+    return out
+
+
+def _overlap(a, b):
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+
+
+def test_two_workers_time_at_the_same_time_and_report_where_their_time_went(tmp_path):
+    """Two workers, each launch a 50 ms sleep (a stand-in for a GPU that is busy while the
+    host waits): their launches overlap in time (the workers are processes started before
+    planning, nothing serializes them), and the summary says when each started and how
+    long it was busy."""
+    db, times = str(tmp_path / "two.sqlite"), tmp_path / "times.log"
+    r = subprocess.run(_cli(db), env=fakeops.subprocess_env(KD_FAKE_SLEEP="0.05",
+                                                             KD_FAKE_TIMES=str(times)),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    busy = _busy(times)
+    assert len(busy) == 2, busy
+    a, b = busy.values()
+    alone = min(sum(e - s for s, e in a), sum(e - s for s, e in b))
+    # serialized workers would overlap by ~0; each worker's launches mostly run while the
+    # other's do (the shorter worker's launches overlap the other's for at least a third)
+    spans = [[(min(s for s, _ in x), max(e for _, e in x))] for x in (a, b)]
+    assert _overlap(*spans) >= 0.5 * min(x[0][1] - x[0][0] for x in spans), spans
+    assert _overlap(a, b) >= alone / 3, (_overlap(a, b), alone)
+    out = " ".join(r.stdout.split())
+    assert re.search(r"start-up [\d.]+ s before the first key", out), out
+    assert re.search(r"workers \(s from the start\): cpu started [\d.]+, device ready "
+                     r"[\d.]+, first key [\d.]+, busy [\d.]+ \(GPU", out), out
+
+
+def test_a_device_that_cannot_be_set_up_fails_the_run_in_one_line(tmp_path):
+    """The workers set up their devices before anything is planned; one that cannot (no
+    such GPU here) stops the run with its reason, one line, nothing tuned."""
+    db = str(tmp_path / "none.sqlite")
+    r = subprocess.run(_cli(db, device="cuda:62,cuda:63"), env={
+        **fakeops.subprocess_env(), "TRITON_INTERPRET": ""}, capture_output=True, text=True,
+        timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "cuda:" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_groups_of_warm_workers_claim_keys_in_their_own_slice_of_one_register():
+    import multiprocessing as mp
+
+    claims = mp.get_context("spawn").Array("b", 8)
+    g0, g1 = parallel.claimer(claims), parallel.claimer(claims, offset=3)
+    assert g0(0) and g1(0) and not g0(0) and not g1(0)  # key 0 of each group, once each
+    fed = parallel.claimer(claims, FED, offset=3)
+    assert fed(1) and not fed(1) and g1(1)  # fed ahead, then still claimable for timing
+    assert list(claims[:5]) == [1, 0, 0, 1, 3]
