@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kdispatch import dispatcher as _dispatch
+from kdispatch.dispatcher import HOT as _HOT
 from kdispatch.dispatcher import Explanation, Stats
 from kdispatch.opdef import OpConfig
 
@@ -22,18 +23,21 @@ def resolve(op: str, /, config: Any = None, **args: Any) -> OpConfig:
     ``op`` is any registered op's name (``kdispatch.op_names()``); for the built-in ops
     see the README.
     """
-    d = _dispatch._DISPATCHER
-    if d is not None and config is None:  # the memo hit, inlined (the serving hot path)
-        hot = d._hot.get(op)  # (the op's memo, its memo_key), once the op was resolved
-        if hot is not None:
-            try:
-                entry = hot[0].get(hot[1](args))
-            except TypeError:  # an unhashable argument: the slow path names it
-                entry = None
-            if entry is not None:
-                entry.calls += 1
-                return entry.config
-    return (d or _dispatch.dispatcher()).resolve(op, args, config)
+    memo = _HOT.get(op)  # the global dispatcher's memo of ``op``, once it resolved ``op``
+    if memo is not None and config is None:  # the memo hit, inlined (the serving hot path)
+        try:
+            mk = memo.memo_key(args)
+            entry = memo.last
+            if mk != entry.memo_key:
+                entry = memo.entries.get(mk)
+                if entry is not None:
+                    memo.last = entry
+        except TypeError:  # an unhashable argument: the slow path names it
+            entry = None
+        if entry is not None:
+            entry.calls += 1
+            return entry.config
+    return _dispatch.dispatcher().resolve(op, args, config)
 
 
 def explain(op: str, /, config: Any = None, **args: Any) -> Explanation:

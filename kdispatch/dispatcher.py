@@ -69,6 +69,43 @@ class Entry:
     source: Source
     consulted: tuple[Consulted, ...]
     calls: int = 1
+    memo_key: Any = None  # the memo key it is stored under (None: not memoized)
+
+
+class Memo:
+    """One op's memo: memo key -> entry, and the entry the public resolve served last (a
+    serving loop resolves one signature per layer, so the last entry's memo key usually
+    matches: one tuple comparison instead of hashing the key). A hit on ``last`` is the
+    dict's own criterion (the memo keys compare equal), so it never serves another key.
+    The hit itself is inlined in :func:`kdispatch.resolve`."""
+
+    __slots__ = ("entries", "memo_key", "last")
+
+    def __init__(self, memo_key: Any):
+        self.entries: dict[Any, Entry] = {}
+        self.memo_key = memo_key  # the op's memo_key
+        self.last: Entry | _NoEntry = _NO_ENTRY
+
+
+class _NoKey:
+    """Equal to no memo key."""
+
+    __slots__ = ()
+
+
+class _NoEntry:
+    """The initial ``Memo.last``: its memo key equals no memo key."""
+
+    __slots__ = ()
+    memo_key = _NoKey()
+    config = None
+
+
+_NO_ENTRY = _NoEntry()
+
+#: op -> the global dispatcher's :class:`Memo` (the public resolve's memo hit reads only
+#: this); filled under ``_INIT_LOCK`` by that dispatcher, cleared (never replaced) by reset
+HOT: dict[str, Memo] = {}
 
 
 @dataclass
@@ -90,8 +127,7 @@ class Dispatcher:
         self.settings = settings or Settings.from_env()
         self._memo: dict[str, dict[Any, Entry]] = {}  # op -> memo key -> entry
         self._ops: dict[str, Op] = {}
-        #: op -> (its memo, its memo_key): all the public resolve's memo hit reads
-        self._hot: dict[str, tuple[dict[Any, Entry], Any]] = {}
+        self._memos: dict[str, Memo] = {}  # op -> its memo (entries: _memo[op])
         self._devices: dict[Any, Device] = {}
         self._db: dict[str, dict[tuple[str, str], tuple[dict, str]] | None] = {}
         self._tables = ShippedTables()
@@ -131,9 +167,14 @@ class Dispatcher:
     def _op(self, name: str) -> Op:
         spec = get_op(name)
         with self._lock:
-            memo = self._memo.setdefault(name, {})
+            memo = self._memos.get(name)
+            if memo is None:
+                memo = self._memos[name] = Memo(spec.memo_key)
+                self._memo[name] = memo.entries
             self._ops[name] = spec
-            self._hot[name] = (memo, spec.memo_key)
+        with _INIT_LOCK:  # reset() swaps the global and clears HOT under this lock
+            if self is _DISPATCHER:
+                HOT[name] = memo
         return spec
 
     def explain(self, op: str, args: Mapping[str, Any], config: Any = None) -> Explanation:
@@ -172,6 +213,7 @@ class Dispatcher:
                 return entry
             entry = self._chain(spec, key)
             if mk is not None:
+                entry.memo_key = mk
                 memo[mk] = entry
         return entry
 
@@ -349,4 +391,5 @@ def reset(settings: Settings | None = None) -> Dispatcher:
         if old is not None:
             old.flush_misses(5.0)
         _DISPATCHER = Dispatcher(settings)
+        HOT.clear()
         return _DISPATCHER

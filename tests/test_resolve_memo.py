@@ -88,9 +88,10 @@ def test_decode_hit_never_serves_another_key(dev, what):
     base_kw, other_kw = DECODE_VARIANTS[what]
     base, other = decode_args(dev, **base_kw), decode_args(dev, **other_kw)
     kdispatch.resolve("decode_attention", **base)
+    kdispatch.resolve("decode_attention", **base)  # a hit: now the memo's last entry
     got = kdispatch.resolve("decode_attention", **other)
     s = kdispatch.stats()
-    assert (s.resolutions, s.memo_hits) == (2, 0), f"{what}: hit the other key's entry"
+    assert (s.resolutions, s.memo_hits) == (3, 1), f"{what}: hit the other key's entry"
     assert kdispatch.explain("decode_attention", **other).key != \
         kdispatch.explain("decode_attention", **base).key
     assert got == fresh_config("decode_attention", other)
@@ -134,8 +135,9 @@ def test_write_hit_never_serves_another_key(dev, what):
     base_kw, other_kw = WRITE_VARIANTS[what]
     base, other = write_args(dev, **base_kw), write_args(dev, **other_kw)
     kdispatch.resolve("kv_write", **base)
+    kdispatch.resolve("kv_write", **base)  # a hit: now the memo's last entry
     got = kdispatch.resolve("kv_write", **other)
-    assert kdispatch.stats().memo_hits == 0, f"{what}: hit the other key's entry"
+    assert kdispatch.stats().memo_hits == 1, f"{what}: hit the other key's entry"
     assert got == fresh_config("kv_write", other)
 
 
@@ -145,9 +147,10 @@ def test_another_device_type_misses_and_is_refused(dev, op, make):
     """Same shapes and dtypes on the meta device: the memo key holds the device type (not
     only its index, -1 for both cpu and meta), so the slow path refuses the device."""
     kdispatch.resolve(op, **make(dev))
+    kdispatch.resolve(op, **make(dev))  # a hit: now the memo's last entry
     with pytest.raises(ValueError, match="device"):
         kdispatch.resolve(op, **make("meta"))
-    assert kdispatch.stats().memo_hits == 0
+    assert kdispatch.stats().memo_hits == 1
 
 
 def test_explicit_config_bypasses_the_memo(dev):
@@ -184,3 +187,42 @@ def test_plain_and_tensor_forms_share_nothing_but_the_config():
     assert kdispatch.resolve("decode_attention", **{**plain, "batch": 9}) is not a
     s = kdispatch.stats()
     assert (s.resolutions, s.memo_hits) == (3, 1)
+
+
+def test_alternating_keys_each_get_their_own_entry(dev):
+    """The last-entry check and the dict agree: two signatures called in turn (layers of
+    two kinds) each get their own config and count their own hits."""
+    a, b = decode_args(dev), decode_args(dev, sliding_window=16)
+    ca, cb = (fresh_config("decode_attention", x) for x in (a, b))
+    for _ in range(3):
+        assert kdispatch.resolve("decode_attention", **a) == ca
+        assert kdispatch.resolve("decode_attention", **b) == cb
+    ea = kdispatch.explain("decode_attention", **a)
+    eb = kdispatch.explain("decode_attention", **b)
+    assert ea.key != eb.key and ea.provenance == eb.provenance == "memo"
+    s = kdispatch.stats()
+    assert (s.resolutions, s.memo_hits) == (8, 6)
+
+
+def test_the_last_entry_is_the_memo_key_it_was_stored_under(dev):
+    args = decode_args(dev)
+    cfg = kdispatch.resolve("decode_attention", **args)
+    kdispatch.resolve("decode_attention", **args)
+    memo = dispatcher.HOT["decode_attention"]
+    assert memo.last.config is cfg
+    assert memo.last.memo_key == OP.memo_key(args)
+    assert memo.entries[memo.last.memo_key] is memo.last
+
+
+def test_only_the_global_dispatcher_feeds_the_public_memo_hit(dev):
+    args = decode_args(dev)
+    Dispatcher().resolve("decode_attention", args)  # a private dispatcher
+    assert "decode_attention" not in dispatcher.HOT
+    kdispatch.resolve("decode_attention", **args)
+    assert dispatcher.HOT["decode_attention"] is \
+        dispatcher.dispatcher()._memos["decode_attention"]
+    dispatcher.reset()
+    assert dispatcher.HOT == {}
+    # a new dispatcher resolves afresh (its own memo), and is counted there
+    kdispatch.resolve("decode_attention", **args)
+    assert kdispatch.stats().resolutions == 1

@@ -4,21 +4,30 @@ Triton launch measured in the same run (the anchor), per ../shared/BENCHMARKING.
     python tools/bench_host.py --out bench/results/nvidia-h200/host.json     # on a GPU
     python tools/bench_host.py                                                # on the CPU
 
-Tiny shapes, so the GPU idles and each call costs its host time: per-call microseconds are
-the median (and min) over ROUNDS rounds of CALLS back-to-back calls, synchronized only
-between rounds. The first call of each (compile and plan) is reported apart. On the CPU
-(no GPU) only the resolve costs are measured: kernels run in the Triton interpreter there,
-whose per-call time is the kernel's, not the host path's.
+Tiny shapes, so the GPU idles and each call costs its host time. The cases are interleaved:
+round r runs CALLS back-to-back calls of every case in turn (synchronized after each
+case), so drift over the run hits all cases alike; a case's per-call microseconds are the
+median and min over its ROUNDS rounds. The first call of each (compile and plan) is
+reported apart. The ratios the targets of issue 15 are stated in are printed and stored
+under "ratios" (medians, and mins beside them).
+
+On the CPU (no GPU) kernels run in the Triton interpreter, whose per-call time is the
+kernel's, not the host path's: there the resolve costs are measured, and the torch-op
+overhead with the launch stubbed out (the public functions and the torch ops call one
+launch function; it is replaced by a no-op for those rows only, so the difference of the
+two rows is what the torch op adds per call: registration, argument boxing, wrapper).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,6 +41,8 @@ import triton.language as tl  # noqa: E402
 import kdispatch  # noqa: E402
 
 ROUNDS, CALLS = 5, 3000
+ANCHOR = "bare Triton launch (8 args, the anchor)"
+MEMO_HIT = "resolve decode_attention (tensor form, memo hit)"
 
 
 @triton.jit
@@ -40,26 +51,41 @@ def _anchor(a, b, c, d, n, s0, s1, s2, BLOCK: tl.constexpr):
     tl.store(b + i, tl.load(a + i, mask=i < n), mask=i < n)
 
 
-def per_call_us(fn, calls: int, rounds: int, sync) -> dict:
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    first = (time.perf_counter() - t0) * 1e6
-    for _ in range(min(calls, 200)):
-        fn()
-    sync()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter_ns() - t) / calls / 1e3)
+class Case:
+    """One timed call; ``per`` calls of the measured thing per ``fn()``."""
+
+    def __init__(self, fn: Callable[[], object], per: int = 1):
+        self.fn, self.per = fn, per
+        self.samples: list[float] = []
+        self.first_us = 0.0
+
+
+def measure(cases: dict[str, Case], calls: int, rounds: int, sync: Callable[[], None]) -> None:
+    """First call, warm-up, then ``rounds`` rounds that each run every case in turn."""
+    for c in cases.values():
+        t0 = time.perf_counter()
+        c.fn()
         sync()
-    return {"median_us": statistics.median(samples), "min_us": min(samples),
-            "first_call_us": first}
+        c.first_us = (time.perf_counter() - t0) * 1e6
+        for _ in range(min(calls, 200)):
+            c.fn()
+        sync()
+    for _ in range(rounds):
+        for c in cases.values():
+            fn = c.fn
+            t = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            c.samples.append((time.perf_counter_ns() - t) / (calls * c.per) / 1e3)
+            sync()
 
 
-def gpu_cases(dev: str) -> dict:
+def row(c: Case) -> dict:
+    return {"median_us": statistics.median(c.samples), "min_us": min(c.samples),
+            "first_call_us": c.first_us, "samples_us": c.samples}
+
+
+def gpu_cases(dev: str) -> dict[str, Case]:
     bf = torch.bfloat16
     a = torch.randn(64, device=dev)
     b = torch.empty_like(a)
@@ -71,48 +97,125 @@ def gpu_cases(dev: str) -> dict:
     sl = torch.tensor([100], device=dev, dtype=torch.int32)
     ql = torch.randn(1, 16, 576, device=dev, dtype=bf)
     lat = torch.randn(8, page, 1, 576, device=dev, dtype=bf)
+    lv = lat[..., :512]
     key = torch.randn(1, 8, 128, device=dev, dtype=bf)
     slot = torch.tensor([3], device=dev)
     gqa_cfg = kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=vc,
                                 block_table=bt, seq_lens=sl)
     ops = torch.ops.kdispatch
     return {
-        "bare Triton launch (8 args, the anchor)":
-            lambda: _anchor[(1,)](a, b, a, b, 64, 1, 1, 1, BLOCK=64),
+        ANCHOR: Case(lambda: _anchor[(1,)](a, b, a, b, 64, 1, 1, 1, BLOCK=64)),
         "decode_attention GQA 32/8x128":
-            lambda: kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.08),
+            Case(lambda: kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.08)),
         "decode_attention GQA, explicit config":
-            lambda: kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.08, config=gqa_cfg),
+            Case(lambda: kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.08,
+                                                    config=gqa_cfg)),
         "torch.ops.kdispatch.decode_attention GQA":
-            lambda: ops.decode_attention(q, kc, vc, bt, sl, 0.08),
+            Case(lambda: ops.decode_attention(q, kc, vc, bt, sl, 0.08)),
         "decode_attention MLA 16x576/512":
-            lambda: kdispatch.decode_attention(ql, lat, lat[..., :512], bt, sl, scale=0.04),
+            Case(lambda: kdispatch.decode_attention(ql, lat, lv, bt, sl, scale=0.04)),
         "torch.ops.kdispatch.decode_attention MLA":
-            lambda: ops.decode_attention(ql, lat, lat[..., :512], bt, sl, 0.04),
-        "write_kv 1 token 8x128":
-            lambda: kdispatch.write_kv(key, key, kc, vc, slot),
-        "torch.ops.kdispatch.write_kv":
-            lambda: ops.write_kv(key, key, kc, vc, slot),
-        "resolve decode_attention (tensor form, memo hit)":
-            lambda: kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=vc,
-                                      block_table=bt, seq_lens=sl),
+            Case(lambda: ops.decode_attention(ql, lat, lv, bt, sl, 0.04)),
+        "write_kv 1 token 8x128": Case(lambda: kdispatch.write_kv(key, key, kc, vc, slot)),
+        "torch.ops.kdispatch.write_kv": Case(lambda: ops.write_kv(key, key, kc, vc, slot)),
+        **resolve_cases(q, kc, vc, bt, sl),
     }
 
 
-def cpu_cases() -> dict:
+def resolve_cases(q, kc, vc, bt, sl) -> dict[str, Case]:
+    plain = dict(device="nvidia-h200", batch=1, context=128, num_q_heads=32, num_kv_heads=8,
+                 head_dim=128, page_size=16, dtype="bfloat16")
+    return {
+        MEMO_HIT: Case(lambda: kdispatch.resolve("decode_attention", q=q, k_cache=kc,
+                                                 v_cache=vc, block_table=bt, seq_lens=sl)),
+        "resolve decode_attention (two signatures alternating, per resolve)": Case(
+            lambda: (kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=vc,
+                                       block_table=bt, seq_lens=sl),
+                     kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=vc,
+                                       block_table=bt, seq_lens=sl, sliding_window=64)),
+            per=2),
+        "resolve decode_attention (plain form, memo hit)":
+            Case(lambda: kdispatch.resolve("decode_attention", **plain)),
+    }
+
+
+@contextlib.contextmanager
+def stubbed_launches() -> Iterator[None]:
+    """The launch function behind both the public functions and the torch ops, replaced by
+    a no-op that returns a preallocated output (restored on exit)."""
+    from kdispatch.kernels.decode_attention import launch as dlaunch
+    from kdispatch.kernels.decode_attention import torch_op as dop
+    from kdispatch.kernels.kv_write import launch as wlaunch
+    from kdispatch.kernels.kv_write import torch_op as wop
+
+    out = torch.empty(1, 32, 128, dtype=torch.bfloat16)
+    saved = [(m, n, getattr(m, n)) for m, n in ((dlaunch, "decode_attention"),
+                                                (dop, "_decode"), (wlaunch, "write_kv"),
+                                                (wop, "_write_kv"))]
+    for m, n, _ in saved:
+        setattr(m, n, (lambda *a: out) if "decode" in n else (lambda *a: None))
+    try:
+        yield
+    finally:
+        for m, n, f in saved:
+            setattr(m, n, f)
+
+
+def cpu_cases() -> dict[str, Case]:
     q = torch.randn(1, 32, 128, dtype=torch.bfloat16)
     kc = torch.randn(8, 16, 8, 128, dtype=torch.bfloat16)
     bt = torch.arange(8, dtype=torch.int32).view(1, 8)
     sl = torch.tensor([100], dtype=torch.int32)
-    plain = dict(device="nvidia-h200", batch=1, context=128, num_q_heads=32, num_kv_heads=8,
-                 head_dim=128, page_size=16, dtype="bfloat16")
+    key = torch.randn(1, 8, 128, dtype=torch.bfloat16)
+    slot = torch.tensor([3])
+    ops = torch.ops.kdispatch
     return {
-        "resolve decode_attention (tensor form, memo hit)":
-            lambda: kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=kc,
-                                      block_table=bt, seq_lens=sl),
-        "resolve decode_attention (plain form, memo hit)":
-            lambda: kdispatch.resolve("decode_attention", **plain),
+        **resolve_cases(q, kc, kc, bt, sl),
+        "decode_attention GQA, launch stubbed":
+            Case(lambda: kdispatch.decode_attention(q, kc, kc, bt, sl, scale=0.08)),
+        "torch.ops.kdispatch.decode_attention GQA, launch stubbed":
+            Case(lambda: ops.decode_attention(q, kc, kc, bt, sl, 0.08)),
+        "write_kv 1 token 8x128, launch stubbed":
+            Case(lambda: kdispatch.write_kv(key, key, kc, kc, slot)),
+        "torch.ops.kdispatch.write_kv, launch stubbed":
+            Case(lambda: ops.write_kv(key, key, kc, kc, slot)),
     }
+
+
+#: (ratio name, numerator row, denominator row); the issue's targets in brackets
+GPU_RATIOS = (
+    ("decode GQA / bare launch [<= 1.5]", "decode_attention GQA 32/8x128", ANCHOR),
+    ("decode MLA / bare launch [<= 1.5]", "decode_attention MLA 16x576/512", ANCHOR),
+    ("write_kv / bare launch [<= 1.0]", "write_kv 1 token 8x128", ANCHOR),
+    ("torch op / direct, GQA [<= 1.25]", "torch.ops.kdispatch.decode_attention GQA",
+     "decode_attention GQA 32/8x128"),
+    ("torch op / direct, MLA [<= 1.25]", "torch.ops.kdispatch.decode_attention MLA",
+     "decode_attention MLA 16x576/512"),
+    ("torch op / direct, write_kv [<= 1.25]", "torch.ops.kdispatch.write_kv",
+     "write_kv 1 token 8x128"),
+)
+#: (name, torch-op row, direct row): what the torch op adds per call, in us (CPU)
+CPU_OVERHEADS = (
+    ("torch op - direct, decode GQA (us)",
+     "torch.ops.kdispatch.decode_attention GQA, launch stubbed",
+     "decode_attention GQA, launch stubbed"),
+    ("torch op - direct, write_kv (us)", "torch.ops.kdispatch.write_kv, launch stubbed",
+     "write_kv 1 token 8x128, launch stubbed"),
+)
+
+
+def ratios(rows: dict, gpu: bool) -> dict:
+    out = {}
+    for stat in ("median_us", "min_us"):
+        tag = stat.removesuffix("_us")
+        if gpu:
+            for name, num, den in GPU_RATIOS:
+                out.setdefault(name, {})[tag] = rows[num][stat] / rows[den][stat]
+        else:
+            for name, op, direct in CPU_OVERHEADS:
+                out.setdefault(name, {})[tag] = rows[op][stat] - rows[direct][stat]
+        out.setdefault("memo hit (us) [<= 1.0]", {})[tag] = rows[MEMO_HIT][stat]
+    return out
 
 
 def main() -> None:
@@ -125,19 +228,26 @@ def main() -> None:
     kdispatch.load_torch_ops()
     cases = gpu_cases("cuda") if gpu else cpu_cases()
     sync = torch.cuda.synchronize if gpu else (lambda: None)
-    rows = {name: per_call_us(fn, args.calls, args.rounds, sync) for name, fn in cases.items()}
-    anchor = rows.get("bare Triton launch (8 args, the anchor)")
+    with contextlib.nullcontext() if gpu else stubbed_launches():
+        measure(cases, args.calls, args.rounds, sync)
+    rows = {name: row(c) for name, c in cases.items()}
     info = {"device": torch.cuda.get_device_name() if gpu else "cpu",
             "torch": torch.__version__, "triton": triton.__version__,
-            "calls": args.calls, "rounds": args.rounds, "rows": rows}
+            "python": sys.version.split()[0], "calls": args.calls, "rounds": args.rounds,
+            "interleaved": True, "rows": rows, "ratios": ratios(rows, gpu)}
     if args.out:
         Path(args.out).write_text(json.dumps(info, indent=1) + "\n")
-    print(f"host cost per call on {info['device']} (median of {args.rounds} x {args.calls})")
-    print(f"{'call':52s} {'median us':>10s} {'min us':>8s} {'x anchor':>9s} {'first ms':>9s}")
+    anchor = rows.get(ANCHOR)
+    print(f"host cost per call on {info['device']} (median and min of {args.rounds} "
+          f"interleaved rounds x {args.calls} calls)")
+    print(f"{'call':66s} {'median us':>10s} {'min us':>8s} {'x anchor':>9s} {'first ms':>9s}")
     for name, r in rows.items():
         ratio = f"{r['median_us'] / anchor['median_us']:.2f}" if anchor else "-"
-        print(f"{name:52s} {r['median_us']:10.2f} {r['min_us']:8.2f} {ratio:>9s} "
+        print(f"{name:66s} {r['median_us']:10.2f} {r['min_us']:8.2f} {ratio:>9s} "
               f"{r['first_call_us'] / 1e3:9.1f}")
+    print(f"{'target quantity':66s} {'median':>10s} {'min':>8s}")
+    for name, r in info["ratios"].items():
+        print(f"{name:66s} {r['median']:10.2f} {r['min']:8.2f}")
 
 
 if __name__ == "__main__":

@@ -20,4 +20,4 @@ PY
 timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_torch_gpu.py \
   tests/torch tests/test_memory_safety.py tests/test_hardening_serving.py 2>&1 \
   | tail -30 | tee "$OUT/tests.txt"
-timeout 150 python3 tools/bench_host.py --out "$OUT/host.json" 2>&1 | tail -14
+timeout 150 python3 tools/bench_host.py --out "$OUT/host.json" 2>&1 | tail -22

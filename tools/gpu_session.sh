@@ -71,7 +71,7 @@ fi
 
 if has bench; then
   [ -f "$OUT/nvidia-h200.json" ] && cp "$OUT/nvidia-h200.json" db/nvidia-h200.json
-  step "host cost"; timeout 120 python3 tools/bench_host.py --out "$OUT/host.json" 2>&1 | tail -12 | tee -a "$LOG"
+  step "host cost"; timeout 120 python3 tools/bench_host.py --out "$OUT/host.json" 2>&1 | tail -22 | tee -a "$LOG"
   step "kv_write bench"; timeout 150 python3 tools/bench_kv_write.py --out "$OUT/kv_write.json" 2>&1 \
     | tail -24 | tee -a "$LOG"
   step "decode bench"; timeout 240 python3 tools/bench_decode.py --max-cands 3 --time-limit 200 \

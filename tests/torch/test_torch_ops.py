@@ -72,6 +72,29 @@ def test_opcheck_write_kv(dev):
     torch.library.opcheck(torch.ops.kdispatch.write_kv.default, (key, value, kc, vc, slots))
 
 
+@pytest.mark.parametrize("name", ["decode_attention", "decode_attention_out", "write_kv"])
+def test_autograd_falls_through_to_the_kernel(name):
+    """No autograd fallback per call: the CPU and CUDA autograd keys fall through."""
+    kdispatch.load_torch_ops()
+    table = torch._C._dispatch_dump_table(f"kdispatch::{name}").splitlines()
+    for key in ("AutogradCPU", "AutogradCUDA"):
+        row = next(line for line in table if line.startswith(f"{key}:"))
+        assert "fallthrough" in row and "torch_library.py" in row, row
+
+
+def test_outputs_never_require_grad_like_the_public_functions(dev):
+    q, k, v, bt, sl = decode_case(dev)
+    q.requires_grad_(True)
+    a = kdispatch.decode_attention(q, k, v, bt, sl, scale=0.3)
+    b = torch.ops.kdispatch.decode_attention(q, k, v, bt, sl, 0.3)
+    assert not a.requires_grad and not b.requires_grad and b.grad_fn is None
+    assert torch.equal(a, b)
+    torch.library.opcheck(torch.ops.kdispatch.decode_attention.default,
+                          (q, k, v, bt, sl, 0.3),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor"))
+
+
 def test_torch_ops_and_public_functions_give_the_same_bits(dev):
     q, k, v, bt, sl = decode_case(dev, dtype=torch.float16)
     a = kdispatch.decode_attention(q, k, v, bt, sl, scale=0.3)

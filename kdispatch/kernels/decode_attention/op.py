@@ -49,9 +49,11 @@ class DecodeOp(Op):
         q = args.get("q")
         if q is not None:
             try:
-                return (q.shape, q.dtype, q.device, args["k_cache"].dtype,
-                        args["v_cache"].shape, args["block_table"].shape,
-                        args.get("sliding_window"), args.get("batch_invariant", False))
+                # cheapest comparisons first: the public resolve compares a key with the
+                # last one served, and two alternating signatures should differ early
+                return (args.get("sliding_window"), args.get("batch_invariant", False),
+                        q.dtype, args["k_cache"].dtype, q.shape, args["block_table"].shape,
+                        args["v_cache"].shape, q.device)
             except (AttributeError, KeyError):  # not tensors: key() names the argument
                 return ("invalid", id(args))
         return tuple(args.items())
