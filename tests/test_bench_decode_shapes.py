@@ -1,14 +1,8 @@
 """tools/bench_decode.py's shapes: the ragged DP-attention rows (no GPU needed to build them)."""
 
-import sys
-from pathlib import Path
+from tool_modules import tool
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-try:
-    import bench_decode as bd
-finally:
-    sys.path.pop(0)
+bd = tool("bench_decode")
 
 
 def test_ragged_rows_draw_seeded_lengths_within_the_context_and_count_their_bytes():

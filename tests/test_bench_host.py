@@ -1,16 +1,9 @@
 """tools/bench_host.py: interleaved rounds, the target ratios, and the launch stub restored."""
 
-import sys
-from pathlib import Path
-
 import pytest
+from tool_modules import tool
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-try:
-    import bench_host as bh
-finally:
-    sys.path.pop(0)
+bh = tool("bench_host")
 
 
 def test_rounds_interleave_the_cases():

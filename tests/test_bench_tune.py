@@ -1,14 +1,8 @@
 """tools/bench_tune.py: its steps and the verdicts it draws from whichever runs it made."""
 
-import sys
-from pathlib import Path
+from tool_modules import tool
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-try:
-    import bench_tune as bt
-finally:
-    sys.path.pop(0)
+bt = tool("bench_tune")
 
 
 def _run(wall: float, code: int = 0) -> dict:
