@@ -85,6 +85,29 @@ def test_mla_masks_page_ids_outside_the_latent_cache(dev):
     torch.testing.assert_close(out.float().cpu(), want, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_mla_splits_with_and_without_bad_pages_in_one_launch(dev, splits):
+    """Clean requests and splits beside ones that hold an out-of-cache id, in one grid."""
+    g = torch.Generator().manual_seed(11)
+    b, hq, page, pages = 3, 4, 16, 4
+    nb = b * pages
+    _, kc = guarded_cache(dev, nb, page, 1, 576, torch.bfloat16, g)
+    q = torch.randn(b, hq, 576, generator=g).to(dev, torch.bfloat16)
+    bt = torch.randperm(nb, generator=g).view(b, pages).to(torch.int32)
+    bt[0, 1] = -1             # request 0: its second page
+    bt[2, 3] = 2 ** 30        # request 2: its last (partial) page; request 1 is clean
+    sl = torch.tensor([64, 63, 49], dtype=torch.int32)
+    cfg = kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=kc[..., :512],
+                            block_table=bt.to(dev), seq_lens=sl.to(dev))
+    cfg = cfg.model_copy(update={"num_kv_splits": splits, "block_n": 16, "pdl": False,
+                                 "merge": False})
+    out = kdispatch.decode_attention(q, kc, kc[..., :512], bt.to(dev), sl.to(dev),
+                                     scale=576 ** -0.5, config=cfg)
+    want = masked_reference(q, kc, kc[..., :512], bt, sl, 576 ** -0.5)
+    assert bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out.float().cpu(), want, atol=2e-2, rtol=2e-2)
+
+
 def test_writer_never_writes_outside_the_caches(dev):
     g = torch.Generator().manual_seed(9)
     t, h, d, page, nb = 6, 2, 32, 16, 4
