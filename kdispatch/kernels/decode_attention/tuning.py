@@ -117,8 +117,10 @@ class DecodeTuning(OpTuning):
                                 for _ in range(2))
 
         def cache(dim: int, s: Any) -> torch.Tensor:
-            x = torch.randn((num_blocks, page, key.num_kv_heads, dim), generator=g, device=dev)
-            return x.to(kd) if s is None else quantize_fp8(x, s, kd)
+            shape = (num_blocks, page, key.num_kv_heads, dim)
+            if s is None:  # drawn in the cache dtype: no fp32 copy of a multi-GB cache
+                return torch.randn(shape, generator=g, device=dev, dtype=kd)
+            return quantize_fp8(torch.randn(shape, generator=g, device=dev), s, kd)
 
         k_cache = cache(key.head_dim, k_scale)
         if key.latent:
