@@ -152,9 +152,10 @@ def _tile_pages(bt_row, n0, end, page, num_blocks, stride_btp, PAGE: tl.constexp
                 BLOCK_N: tl.constexpr):
     """``(tokens, in-range mask, readable mask, 64-bit page ids, in-page offsets, next page
     ids)`` of the tile at ``n0`` whose page ids ``page`` were loaded one tile ahead (so the
-    K/V gather of a tile does not wait on its own block-table load). Loads are masked by
-    the in-range mask only; a token is readable when it is in range and its page id lies in
-    ``[0, num_blocks)`` (callers point the other rows at the zero row, :func:`_row_ptrs`)."""
+    K/V gather of a tile does not wait on its own block-table load). A token is readable
+    when it is in range and its page id lies in ``[0, num_blocks)``; the generic stage 1
+    points the other rows at the zero row (:func:`_row_ptrs`) and masks its loads by the
+    in-range mask, the latent one masks its loads by the readable mask."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_next = offs_n + BLOCK_N
     page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,
