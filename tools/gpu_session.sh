@@ -17,8 +17,10 @@ mkdir -p "$OUT" "$STATE"
 PHASES=${1:-tests,tune}
 LOG="$OUT/session.log"
 if ls .whl/*.whl >/dev/null 2>&1; then   # the GPU image lacks pydantic and sqlalchemy
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+  if [ -z "${WHEELS_INSTALLED:-}" ]; then  # set by a caller that installed them already
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 1
+  fi
   export PYTHONPATH=/tmp/site:$PWD:$PWD/examples/kdispatch_example_ops
 fi
 unset TRITON_INTERPRET
