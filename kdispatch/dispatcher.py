@@ -125,9 +125,8 @@ class Dispatcher:
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings.from_env()
-        self._memo: dict[str, dict[Any, Entry]] = {}  # op -> memo key -> entry
         self._ops: dict[str, Op] = {}
-        self._memos: dict[str, Memo] = {}  # op -> its memo (entries: _memo[op])
+        self._memos: dict[str, Memo] = {}  # op -> its memo (memo key -> entry)
         self._devices: dict[Any, Device] = {}
         self._db: dict[str, dict[tuple[str, str], tuple[dict, str]] | None] = {}
         self._tables = ShippedTables()
@@ -152,17 +151,25 @@ class Dispatcher:
         if config is not None:
             return self.explain(op, args, config).config, None
         spec = self._ops.get(op) or self._op(op)
-        memo = self._memo[op]
-        mk = spec.memo_key(args)
-        try:
-            entry = memo.get(mk)
-        except TypeError:  # an unhashable argument: let the key name it
-            entry, mk = None, None
+        memo, mk, entry = self._memo_hit(op, spec, args)
         if entry is not None:
-            entry.calls += 1
             return entry.config, entry
         entry = self._resolve_slow(spec, args, mk, memo)
         return entry.config, entry if mk is not None else None
+
+    def _memo_hit(self, op: str, spec: Op, args: Mapping[str, Any]
+                  ) -> tuple[dict[Any, Entry], Any, Entry | None]:
+        """``(the op's memo, the call's memo key, the entry it hits or None)``; a hit is
+        counted. The key is None where an argument is unhashable (the slow path names it)."""
+        memo = self._memos[op].entries
+        mk = spec.memo_key(args)
+        try:
+            entry = memo.get(mk)
+        except TypeError:
+            return memo, None, None
+        if entry is not None:
+            entry.calls += 1
+        return memo, mk, entry
 
     def _op(self, name: str) -> Op:
         spec = get_op(name)
@@ -170,7 +177,6 @@ class Dispatcher:
             memo = self._memos.get(name)
             if memo is None:
                 memo = self._memos[name] = Memo(spec.memo_key)
-                self._memo[name] = memo.entries
             self._ops[name] = spec
         with _INIT_LOCK:  # reset() swaps the global and clears HOT under this lock
             if self is _DISPATCHER:
@@ -184,14 +190,8 @@ class Dispatcher:
             cfg = self._coerce_config(spec, key, config, "config")
             return Explanation(op, key, cfg, "override", "override",
                                (Consulted("override", "config= argument"),))
-        memo = self._memo[op]
-        mk = spec.memo_key(args)
-        try:
-            entry = memo.get(mk)
-        except TypeError:  # an unhashable argument: let the key name it
-            entry, mk = None, None
+        memo, mk, entry = self._memo_hit(op, spec, args)
         if entry is not None:
-            entry.calls += 1
             return Explanation(op, entry.key, entry.config, "memo", entry.source,
                                (Consulted("memo", f"hit ({entry.source})"), *entry.consulted))
         entry = self._resolve_slow(spec, args, mk, memo)
@@ -354,7 +354,8 @@ class Dispatcher:
 
     def stats(self) -> Stats:
         s = Stats(db_error=self.db_error, tables=self._tables.summary())
-        for entry in [e for memo in list(self._memo.values()) for e in list(memo.values())]:
+        for entry in [e for memo in list(self._memos.values())
+                      for e in list(memo.entries.values())]:
             s.resolutions += entry.calls
             s.memo_hits += entry.calls - 1
             s.by_source[entry.source] = s.by_source.get(entry.source, 0) + entry.calls

@@ -83,13 +83,18 @@ DECODE_VARIANTS = {
 }
 
 
+def _after_a_hit(op, base, other):
+    """Resolve ``base`` twice (the second a hit: now the memo's last entry), then ``other``."""
+    kdispatch.resolve(op, **base)
+    kdispatch.resolve(op, **base)
+    return kdispatch.resolve(op, **other)
+
+
 @pytest.mark.parametrize("what", sorted(DECODE_VARIANTS))
 def test_decode_hit_never_serves_another_key(dev, what):
     base_kw, other_kw = DECODE_VARIANTS[what]
     base, other = decode_args(dev, **base_kw), decode_args(dev, **other_kw)
-    kdispatch.resolve("decode_attention", **base)
-    kdispatch.resolve("decode_attention", **base)  # a hit: now the memo's last entry
-    got = kdispatch.resolve("decode_attention", **other)
+    got = _after_a_hit("decode_attention", base, other)
     s = kdispatch.stats()
     assert (s.resolutions, s.memo_hits) == (3, 1), f"{what}: hit the other key's entry"
     assert kdispatch.explain("decode_attention", **other).key != \
@@ -134,9 +139,7 @@ WRITE_VARIANTS = {
 def test_write_hit_never_serves_another_key(dev, what):
     base_kw, other_kw = WRITE_VARIANTS[what]
     base, other = write_args(dev, **base_kw), write_args(dev, **other_kw)
-    kdispatch.resolve("kv_write", **base)
-    kdispatch.resolve("kv_write", **base)  # a hit: now the memo's last entry
-    got = kdispatch.resolve("kv_write", **other)
+    got = _after_a_hit("kv_write", base, other)
     assert kdispatch.stats().memo_hits == 1, f"{what}: hit the other key's entry"
     assert got == fresh_config("kv_write", other)
 
