@@ -7,7 +7,8 @@
 #   GPU 1: the GPU tests (a failure skips the tune), then the tune of every preset key
 #          resumed on $BASE_DB, and the export of the table
 #
-# Both halves run at once; everything lands under $OUT. A kernel change changes the source
+# Both halves run at once; everything lands under $OUT (packed into trial.tgz beside
+# the tuned h200.sqlite at the end). A kernel change changes the source
 # hash, so the tune re-measures the changed op's keys and keeps the others' rows.
 #
 #   git archive main kdispatch tools | tar -x -C .exp/ref-main          # reference trees,
@@ -18,7 +19,9 @@
 # (the tune searches every candidate of a key up to MAX_CANDS, 60 unless set; the call's
 # 10 minutes hold the tests, TUNE_MINUTES of tuning and the export)
 #
-# CASES overrides the A/B cases (ab_decode's --case syntax).
+# CASES overrides the A/B cases (ab_decode's --case syntax). SKIP_REF_KV=1 times the KV
+# writes of this tree only; BENCH_SECONDS=N then runs tools/bench_decode.py (N seconds) and
+# tools/bench_host.py on GPU 0.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/gpu-out}
@@ -50,9 +53,16 @@ gpu0() {
   first=${REFS%% *}
   echo "== $(date +%T) KV writes: this tree, then $(basename "$first")"
   timeout 90 python3 tools/bench_kv_write.py --out "$OUT/kv_write-trial.json" 2>&1 | tail -4
-  if [ -f "$first/tools/bench_kv_write.py" ]; then
+  if [ -f "$first/tools/bench_kv_write.py" ] && [ -z "${SKIP_REF_KV:-}" ]; then
     (cd "$first" && timeout 90 python3 tools/bench_kv_write.py \
       --out "$OUT/kv_write-$(basename "$first").json" 2>&1 | tail -4)
+  fi
+  if [ -n "${BENCH_SECONDS:-}" ]; then  # the decode benchmark and the host cost, this tree
+    echo "== $(date +%T) decode benchmark"
+    timeout "$BENCH_SECONDS" python3 tools/bench_decode.py --max-cands 3 \
+      --time-limit $((BENCH_SECONDS - 30)) --out "$OUT/decode.json" 2>&1 | tail -30
+    echo "== $(date +%T) host cost"
+    timeout 100 python3 tools/bench_host.py --out "$OUT/host.json" 2>&1 | tail -16
   fi
 }
 
@@ -75,4 +85,7 @@ gpu1 > "$OUT/gpu1.log" 2>&1 &
 gpu0 2>&1 | tee "$OUT/gpu0.log"
 wait
 cat "$OUT/gpu1.log"
-echo "== $(date +%T) done"
+# at most 8 files come back from a device call: everything but the database in one archive
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name h200.sqlite ! -name trial.tgz -printf '%P\n' \
+  | tar czf trial.tgz -T - && find . -maxdepth 1 -type f ! -name h200.sqlite ! -name trial.tgz -delete)
+echo "== $(date +%T) done: $(ls "$OUT" | tr '\n' ' ')"

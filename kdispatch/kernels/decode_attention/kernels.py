@@ -114,7 +114,8 @@ def _tile_rows(pid_h, b, seq_len, window,
 
 @triton.jit
 def _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_btp,
-             PAGE: tl.constexpr, QLEN: tl.constexpr, SLIDING: tl.constexpr):
+             PAGE: tl.constexpr, QLEN: tl.constexpr, SLIDING: tl.constexpr,
+             BLOCK_N: tl.constexpr = 0, clean=None):
     """Scores ``s`` with every (row, token) the row may not see set to -inf: tokens out of
     range, tokens of a page id outside ``[0, num_blocks)``, and with several query tokens
     the causal and window limits of each row.
@@ -124,14 +125,30 @@ def _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_bt
     kept them in a second layout across iterations: +28 registers at the GQA tile (156 vs
     128), one resident program per SM fewer and 33% slower at the unsplit GQA grid
     (docs/decode_notes.md v8).
+
+    With ``clean`` (the latent stage 1: whether the split's page ids were all found in the
+    cache before its loop) the ids are reloaded only in a split that holds a bad one, as a
+    0 / -inf bias over the tile's tokens (``BLOCK_N`` of them): a uniform branch the
+    serving case skips. A bias rather than a second mask or a second ``where`` on the
+    scores: either of those put non-wgmma writes or extra predicates into the 64-row
+    tile's loop (docs/decode_notes.md v10).
     """
-    pg = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=in_range, other=-1)
-    valid = (in_range & (pg >= 0) & (pg < num_blocks))[None, :]
+    if clean is None:
+        pg = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=in_range, other=-1)
+        valid = (in_range & (pg >= 0) & (pg < num_blocks))[None, :]
+    else:
+        valid = in_range[None, :]
     if QLEN > 1:  # causal among the new tokens: each row has its own visible range
         valid = valid & (offs_n[None, :] < row_end[:, None])
         if SLIDING:
             valid = valid & (offs_n[None, :] >= row_lo[:, None])
-    return tl.where(valid, s, float("-inf"))
+    if clean is None:
+        return tl.where(valid, s, float("-inf"))
+    bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if not clean:  # a split with an out-of-cache page id: those tokens' scores are -inf
+        pg = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=in_range, other=-1)
+        bias = tl.where(pg.to(tl.uint32, bitcast=True) < num_blocks, 0.0, float("-inf"))
+    return tl.where(valid, s + bias[None, :], float("-inf"))
 
 
 @triton.jit

@@ -28,6 +28,20 @@ from kdispatch.kernels.decode_attention.kernels import (
 
 
 @triton.jit
+def _pages_valid(bt_row, start, end, num_blocks, stride_btp, PAGE: tl.constexpr,
+                 SCAN: tl.constexpr):
+    """Whether every page id of tokens ``[start, end)`` lies in ``[0, num_blocks)``: one
+    vectorized pass over the split's ids (a few hundred at most), before the loop."""
+    p_end = tl.cdiv(end, PAGE)
+    bad = start * 0
+    for p0 in range(start // PAGE, p_end, SCAN):
+        offs = p0 + tl.arange(0, SCAN)
+        ids = tl.load(bt_row + offs * stride_btp, mask=offs < p_end, other=0)
+        bad += tl.sum((ids.to(tl.uint32, bitcast=True) >= num_blocks).to(tl.int32), 0)
+    return bad == 0
+
+
+@triton.jit
 def _decode_stage1_latent(
     Q, K, BT, SL, O, PO, PL, CNT, KS, VS,
     qk_scale, cap, window, max_len, num_blocks,
@@ -55,6 +69,7 @@ def _decode_stage1_latent(
     (715 vs 798 us).
     """
     HALF: tl.constexpr = BLOCK_D // 2
+    PAGE_SCAN: tl.constexpr = 256
     if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
         tl.extra.cuda.gdc_launch_dependents()
     pid_h = tl.program_id(0)
@@ -88,6 +103,9 @@ def _decode_stage1_latent(
     acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
     k_head = kvh * stride_kh
     bt_row = BT + b * stride_btb
+    # the serving case: every page id of the split lies in the cache, and the scores skip
+    # the reload of the tile's ids (the loads stay masked by the ids in either case)
+    clean = _pages_valid(bt_row, start, end, num_blocks, stride_btp, PAGE, PAGE_SCAN)
     offs_n = start + tl.arange(0, BLOCK_N)
     page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=-1)
     for n0 in range(start, end, BLOCK_N):
@@ -114,7 +132,7 @@ def _decode_stage1_latent(
         s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
         s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
         s = _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_btp,
-                     PAGE, QLEN, SLIDING)
+                     PAGE, QLEN, SLIDING, BLOCK_N, clean)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         pb = p.to(k0.dtype)
         acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)

@@ -26,12 +26,39 @@ def _fp8_e4m3fn_bits(x):
 
 
 @triton.jit
-def _quantize(x, scale, OUT_TY: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr,
-              SOFT_FP8: tl.constexpr):
-    """``x / scale`` in fp32 (IEEE division), saturated to +-FP8_MAX, rounded to fp8."""
+def _div_by(y, scale, inv):
+    """``y / scale`` rounded as IEEE fp32 division, from ``inv = RN(1 / scale)``: the product
+    ``q0 = RN(y * inv)`` is within an ulp of the quotient and one residual correction
+    ``RN(q0 + RN(y - q0 * scale) * inv)`` (both fused) rounds it correctly (Markstein), with
+    no per-value division and its range-check branches. Where the residual would
+    underflow (``|y|`` below ~2^-100) the result may differ in its last fp32 bit, in a
+    quotient no fp8 value can show (it rounds to +-0 alike); at or beyond 512 the quotient
+    saturates either way and ``q0`` is kept (the residual could overflow there). Checked
+    against the division for every finite bf16 and fp16 value and for quotients beside
+    every fp8 rounding midpoint (``tools/check_fp8_division.py``)."""
+    q0 = y * inv
+    e = tl.fma(-q0, scale, y)
+    q = tl.where(e == 0.0, q0, tl.fma(e, inv, q0))  # e == 0: q0 is exact (and keeps -0)
+    return tl.where(tl.abs(q0) < 512.0, q, q0)
+
+
+@triton.jit
+def _quantize(x, scale, inv, OUT_TY: tl.constexpr, SCALED: tl.constexpr,
+              FP8_MAX: tl.constexpr, SOFT_FP8: tl.constexpr, FAST_DIV: tl.constexpr):
+    """``x / scale`` in fp32 (IEEE division), saturated to +-FP8_MAX, rounded to fp8.
+
+    With ``FAST_DIV`` (a GPU) the division is :func:`_div_by` when ``inv`` is finite and
+    normal (any scale between 2^-125 and 2^125 in magnitude), a per-value division
+    otherwise."""
     y = x.to(tl.float32)
     if SCALED:
-        y = tl.math.div_rn(y, scale)
+        if FAST_DIV:
+            if (tl.abs(scale) >= 2.350988701644575e-38) & (tl.abs(scale) <= 4.253529586511731e+37):
+                y = _div_by(y, scale, inv)
+            else:
+                y = tl.math.div_rn(y, scale)
+        else:
+            y = tl.math.div_rn(y, scale)
     y = tl.clamp(y, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     if SOFT_FP8:
         return _fp8_e4m3fn_bits(y).to(OUT_TY, bitcast=True)
@@ -50,6 +77,7 @@ def _kv_write_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_ACTIVE: tl.constexpr, USE_PDL: tl.constexpr,
     QUANT: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, SOFT_FP8: tl.constexpr,
+    FAST_DIV: tl.constexpr,
 ):
     """One program copies BLOCK_T rows x BLOCK_H heads of K and of V into the cache.
 
@@ -100,11 +128,18 @@ def _kv_write_kernel(
     if QUANT:
         k_scale = 1.0
         v_scale = 1.0
+        k_inv = 1.0
+        v_inv = 1.0
         if SCALED:
             k_scale = tl.load(ks_ptr)
             v_scale = tl.load(vs_ptr)
-        k = _quantize(k, k_scale, kc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8)
-        v = _quantize(v, v_scale, vc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8)
+            if FAST_DIV:  # one division per program, not one per value
+                k_inv = tl.math.div_rn(1.0, k_scale)
+                v_inv = tl.math.div_rn(1.0, v_scale)
+        k = _quantize(k, k_scale, k_inv, kc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8,
+                      FAST_DIV)
+        v = _quantize(v, v_scale, v_inv, vc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8,
+                      FAST_DIV)
 
     kc_off = blk * stride_kcb + off * stride_kcp + h * stride_kch
     vc_off = blk * stride_vcb + off * stride_vcp + h * stride_vch

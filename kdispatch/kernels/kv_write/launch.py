@@ -47,7 +47,9 @@ def plan(config: KVWriteConfig, num_tokens: int, num_heads: int, head_dim: int,
 
     ``cache_dtype`` names the cache's dtype: an fp8 cache quantizes (``QUANT``), dividing
     by the scales when ``scaled``; the interpreter rounds to float8_e4m3fn in integer
-    arithmetic (``SOFT_FP8``: its own fp32 -> fp8 cast is wrong), a GPU with its cast.
+    arithmetic (``SOFT_FP8``: its own fp32 -> fp8 cast is wrong), a GPU with its cast. On a
+    GPU the division is a product by the scale's reciprocal with one fused correction
+    (``FAST_DIV``: the same bits, no per-value division; the interpreter divides).
     """
     options: dict[str, Any] = {"num_warps": config.num_warps}
     if config.pdl:
@@ -60,7 +62,8 @@ def plan(config: KVWriteConfig, num_tokens: int, num_heads: int, head_dim: int,
                         BLOCK_D=triton.next_power_of_2(head_dim), HAS_MASK=has_mask,
                         HAS_ACTIVE=has_active, USE_PDL=config.pdl, QUANT=quant,
                         SCALED=quant and scaled, FP8_MAX=FP8_MAX.get(cache_dtype, 0.0),
-                        SOFT_FP8=quant and interpreting() and cache_dtype == "float8_e4m3fn"),
+                        SOFT_FP8=quant and interpreting() and cache_dtype == "float8_e4m3fn",
+                        FAST_DIV=quant and scaled and not interpreting()),
         options=options)
 
 
