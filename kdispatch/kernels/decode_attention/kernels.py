@@ -127,28 +127,30 @@ def _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_bt
     (docs/decode_notes.md v8).
 
     With ``clean`` (the latent stage 1: whether the split's page ids were all found in the
-    cache before its loop) the ids are reloaded only in a split that holds a bad one, as a
-    0 / -inf bias over the tile's tokens (``BLOCK_N`` of them): a uniform branch the
-    serving case skips. A bias rather than a second mask or a second ``where`` on the
-    scores: either of those put non-wgmma writes or extra predicates into the 64-row
-    tile's loop (docs/decode_notes.md v10).
+    cache before its loop) the mask is a 0 / -inf bias over the tile's ``BLOCK_N`` tokens,
+    added to the scores: -inf past the range and, only in a split that holds a bad id (a
+    uniform branch the serving case skips), at the tokens of its bad pages. A bias rather
+    than a mask merged across the branch or a second ``where`` on the scores: those put
+    extra predicates or non-wgmma writes into the 64-row tile's loop; the bias leaves it
+    at the guard-free build's instruction count (docs/decode_notes.md v10).
     """
     if clean is None:
         pg = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=in_range, other=-1)
         valid = (in_range & (pg >= 0) & (pg < num_blocks))[None, :]
-    else:
-        valid = in_range[None, :]
+    else:  # tokens out of range (and of bad pages) through the bias instead
+        valid = tl.full([1, BLOCK_N], 1, tl.int1)
+        bias = tl.where(in_range, 0.0, float("-inf"))
+        if not clean:  # a split with an out-of-cache page id: those tokens' scores are -inf
+            pg = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=in_range, other=-1)
+            bias = tl.where(pg.to(tl.uint32, bitcast=True) < num_blocks, bias, float("-inf"))
+        s = s + bias[None, :]
     if QLEN > 1:  # causal among the new tokens: each row has its own visible range
         valid = valid & (offs_n[None, :] < row_end[:, None])
         if SLIDING:
             valid = valid & (offs_n[None, :] >= row_lo[:, None])
-    if clean is None:
-        return tl.where(valid, s, float("-inf"))
-    bias = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if not clean:  # a split with an out-of-cache page id: those tokens' scores are -inf
-        pg = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=in_range, other=-1)
-        bias = tl.where(pg.to(tl.uint32, bitcast=True) < num_blocks, 0.0, float("-inf"))
-    return tl.where(valid, s + bias[None, :], float("-inf"))
+    elif clean is not None:
+        return s
+    return tl.where(valid, s, float("-inf"))
 
 
 @triton.jit
