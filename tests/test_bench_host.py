@@ -39,10 +39,12 @@ def test_gpu_ratios_are_the_issue_targets():
 
 def test_cpu_overheads_are_differences_in_us():
     names = [n for _, a, b in bh.CPU_OVERHEADS for n in (a, b)] + [bh.MEMO_HIT]
-    rows = _rows(names, [3.0, 1.0, 2.0, 0.5, 1.1])
+    rows = _rows(names, [3.0, 1.0, 4.0, 1.5, 2.0, 0.5, 1.1])
     r = bh.ratios(rows, gpu=False)
     assert r["torch op - direct, decode GQA (us)"]["median"] == pytest.approx(2.0)
+    assert r["torch op - direct, decode MLA (us)"]["median"] == pytest.approx(2.5)
     assert r["torch op - direct, write_kv (us)"]["median"] == pytest.approx(1.5)
+    assert r["memo hit (us) [<= 1.0]"]["median"] == pytest.approx(1.1)
 
 
 def test_the_launch_stub_is_restored():
@@ -55,4 +57,6 @@ def test_the_launch_stub_is_restored():
     with bh.stubbed_launches():
         assert dlaunch.decode_attention is not before[0] and wop._write_kv is not before[3]
         assert wlaunch.write_kv() is None and dop._decode().shape == (1, 32, 128)
+        # a fresh output per call, as the real launch returns (the torch op hands it back)
+        assert dop._decode() is not dop._decode()
     assert (dlaunch.decode_attention, dop._decode, wlaunch.write_kv, wop._write_kv) == before

@@ -14,8 +14,9 @@ under "ratios" (medians, and mins beside them).
 On the CPU (no GPU) kernels run in the Triton interpreter, whose per-call time is the
 kernel's, not the host path's: there the resolve costs are measured, and the torch-op
 overhead with the launch stubbed out (the public functions and the torch ops call one
-launch function; it is replaced by a no-op for those rows only, so the difference of the
-two rows is what the torch op adds per call: registration, argument boxing, wrapper).
+launch function; it is replaced by a no-op for those rows only, returning a fresh output
+as the real one does, so the difference of the two rows is what the torch op adds per
+call: registration, argument boxing, wrapper, handing the output back).
 """
 
 from __future__ import annotations
@@ -148,12 +149,15 @@ def stubbed_launches() -> Iterator[None]:
     from kdispatch.kernels.kv_write import launch as wlaunch
     from kdispatch.kernels.kv_write import torch_op as wop
 
-    out = torch.empty(1, 32, 128, dtype=torch.bfloat16)
+    empty, bf16 = torch.empty, torch.bfloat16
     saved = [(m, n, getattr(m, n)) for m, n in ((dlaunch, "decode_attention"),
                                                 (dop, "_decode"), (wlaunch, "write_kv"),
                                                 (wop, "_write_kv"))]
     for m, n, _ in saved:
-        setattr(m, n, (lambda *a: out) if "decode" in n else (lambda *a: None))
+        # a fresh output per call, as the real launch returns: a torch op hands it back
+        # through the boxed kernel (~0.5 us on the CPU that a kept tensor would hide)
+        setattr(m, n, (lambda *a: empty(1, 32, 128, dtype=bf16)) if "decode" in n
+                else (lambda *a: None))
     try:
         yield
     finally:
@@ -166,6 +170,9 @@ def cpu_cases() -> dict[str, Case]:
     kc = torch.randn(8, 16, 8, 128, dtype=torch.bfloat16)
     bt = torch.arange(8, dtype=torch.int32).view(1, 8)
     sl = torch.tensor([100], dtype=torch.int32)
+    ql = torch.randn(1, 16, 576, dtype=torch.bfloat16)
+    lat = torch.randn(8, 16, 1, 576, dtype=torch.bfloat16)
+    lv = lat[..., :512]
     key = torch.randn(1, 8, 128, dtype=torch.bfloat16)
     slot = torch.tensor([3])
     ops = torch.ops.kdispatch
@@ -175,6 +182,10 @@ def cpu_cases() -> dict[str, Case]:
             Case(lambda: kdispatch.decode_attention(q, kc, kc, bt, sl, scale=0.08)),
         "torch.ops.kdispatch.decode_attention GQA, launch stubbed":
             Case(lambda: ops.decode_attention(q, kc, kc, bt, sl, 0.08)),
+        "decode_attention MLA, launch stubbed":
+            Case(lambda: kdispatch.decode_attention(ql, lat, lv, bt, sl, scale=0.04)),
+        "torch.ops.kdispatch.decode_attention MLA, launch stubbed":
+            Case(lambda: ops.decode_attention(ql, lat, lv, bt, sl, 0.04)),
         "write_kv 1 token 8x128, launch stubbed":
             Case(lambda: kdispatch.write_kv(key, key, kc, kc, slot)),
         "torch.ops.kdispatch.write_kv, launch stubbed":
@@ -199,6 +210,9 @@ CPU_OVERHEADS = (
     ("torch op - direct, decode GQA (us)",
      "torch.ops.kdispatch.decode_attention GQA, launch stubbed",
      "decode_attention GQA, launch stubbed"),
+    ("torch op - direct, decode MLA (us)",
+     "torch.ops.kdispatch.decode_attention MLA, launch stubbed",
+     "decode_attention MLA, launch stubbed"),
     ("torch op - direct, write_kv (us)", "torch.ops.kdispatch.write_kv, launch stubbed",
      "write_kv 1 token 8x128, launch stubbed"),
 )
