@@ -143,7 +143,8 @@ def resolve_cases(q, kc, vc, bt, sl) -> dict[str, Case]:
 @contextlib.contextmanager
 def stubbed_launches() -> Iterator[None]:
     """The launch function behind both the public functions and the torch ops, replaced by
-    a no-op that returns a preallocated output (restored on exit)."""
+    a no-op that returns a fresh output for decode and nothing for write_kv, as the real
+    ones do (restored on exit)."""
     from kdispatch.kernels.decode_attention import launch as dlaunch
     from kdispatch.kernels.decode_attention import torch_op as dop
     from kdispatch.kernels.kv_write import launch as wlaunch
