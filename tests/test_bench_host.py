@@ -27,24 +27,27 @@ def _rows(names, us):
 
 def test_gpu_ratios_are_the_issue_targets():
     names = [bh.ANCHOR, *{r for _, a, b in bh.GPU_RATIOS for r in (a, b)} - {bh.ANCHOR},
-             bh.MEMO_HIT]
+             bh.MEMO_HIT, bh.EMPTY]
     rows = _rows(names, [10.0] * len(names))
+    rows[bh.EMPTY] = {"median_us": 0.5, "min_us": 0.25}
     rows["torch.ops.kdispatch.write_kv"] = {"median_us": 12.5, "min_us": 6.0}
     r = bh.ratios(rows, gpu=True)
     assert r["torch op / direct, write_kv [<= 1.25]"] == {"median": 1.25, "min": 1.2}
     assert r["decode GQA / bare launch [<= 1.5]"]["median"] == 1.0
     assert r["memo hit (us) [<= 1.0]"] == {"median": 10.0, "min": 5.0}
-    assert len(r) == len(bh.GPU_RATIOS) + 1
+    assert r["memo hit less the empty call (us)"] == {"median": 9.5, "min": 4.75}
+    assert len(r) == len(bh.GPU_RATIOS) + 2
 
 
 def test_cpu_overheads_are_differences_in_us():
-    names = [n for _, a, b in bh.CPU_OVERHEADS for n in (a, b)] + [bh.MEMO_HIT]
-    rows = _rows(names, [3.0, 1.0, 4.0, 1.5, 2.0, 0.5, 1.1])
+    names = [n for _, a, b in bh.CPU_OVERHEADS for n in (a, b)] + [bh.MEMO_HIT, bh.EMPTY]
+    rows = _rows(names, [3.0, 1.0, 4.0, 1.5, 2.0, 0.5, 1.1, 0.1])
     r = bh.ratios(rows, gpu=False)
     assert r["torch op - direct, decode GQA (us)"]["median"] == pytest.approx(2.0)
     assert r["torch op - direct, decode MLA (us)"]["median"] == pytest.approx(2.5)
     assert r["torch op - direct, write_kv (us)"]["median"] == pytest.approx(1.5)
     assert r["memo hit (us) [<= 1.0]"]["median"] == pytest.approx(1.1)
+    assert r["memo hit less the empty call (us)"]["median"] == pytest.approx(1.0)
 
 
 def test_the_launch_stub_is_restored():

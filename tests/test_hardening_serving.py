@@ -171,6 +171,39 @@ def test_an_unknown_plain_argument_is_refused_by_name():
         kdispatch.resolve("kv_write", device="nvidia-h200", tokens=1, head_dim=128)
 
 
+def test_the_tensor_form_refuses_unknown_names_even_after_a_memo_hit(dev):
+    """The memo hit reads only what the key needs; a call whose names the key would refuse
+    (an unknown name, a missing tensor) never hits, and the call's own keyword arguments
+    resolve like the five tensors."""
+    q = torch.randn(2, 4, 32, device=dev)
+    kc = torch.randn(4, 16, 1, 32, device=dev)
+    bt = torch.zeros(2, 2, dtype=torch.int32, device=dev)
+    sl = torch.ones(2, dtype=torch.int32, device=dev)
+    five = dict(q=q, k_cache=kc, v_cache=kc, block_table=bt, seq_lens=sl)
+    cfg = kdispatch.resolve("decode_attention", **five)
+    assert kdispatch.explain("decode_attention", **five).provenance == "memo"
+    with pytest.raises(ValueError, match="^bogus: unknown argument of the tensor form"):
+        kdispatch.resolve("decode_attention", **five, bogus=1)
+    with pytest.raises(ValueError, match="^seq_lens: expected a torch.Tensor"):
+        # five names again, but not the five: a window in place of seq_lens
+        kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=kc, block_table=bt,
+                          sliding_window=8)
+    assert kdispatch.resolve("decode_attention", **five, scale=0.1, logit_cap=0.0) == cfg
+    windowed = kdispatch.explain("decode_attention", **five, sliding_window=16)
+    assert windowed.key.sliding and windowed.key.context == 16
+
+
+def test_the_writer_tensor_form_refuses_unknown_names_after_a_hit(dev):
+    key = torch.randn(3, 2, 32, device=dev)
+    kc = torch.randn(4, 16, 2, 32, device=dev)
+    call = dict(key=key, value=key, key_cache=kc, value_cache=kc,
+                slot_mapping=torch.arange(3, device=dev))
+    kdispatch.resolve("kv_write", **call)
+    assert kdispatch.explain("kv_write", **call).provenance == "memo"
+    with pytest.raises(ValueError, match="^row_msak: unknown argument of the tensor form"):
+        kdispatch.resolve("kv_write", **call, row_msak=None)
+
+
 def test_an_override_for_an_unknown_op_is_named(monkeypatch):
     monkeypatch.setenv("KDISPATCH_OVERRIDE", json.dumps({"kv_wirte": {"block_h": 2}}))
     with pytest.warns(KDispatchWarning, match="unknown ops kv_wirte"):

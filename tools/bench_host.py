@@ -44,6 +44,7 @@ import kdispatch  # noqa: E402
 ROUNDS, CALLS = 5, 3000
 ANCHOR = "bare Triton launch (8 args, the anchor)"
 MEMO_HIT = "resolve decode_attention (tensor form, memo hit)"
+EMPTY = "empty call (the harness: its loop and a lambda returning None)"
 
 
 @triton.jit
@@ -127,6 +128,7 @@ def resolve_cases(q, kc, vc, bt, sl) -> dict[str, Case]:
     plain = dict(device="nvidia-h200", batch=1, context=128, num_q_heads=32, num_kv_heads=8,
                  head_dim=128, page_size=16, dtype="bfloat16")
     return {
+        EMPTY: Case(lambda: None),
         MEMO_HIT: Case(lambda: kdispatch.resolve("decode_attention", q=q, k_cache=kc,
                                                  v_cache=vc, block_table=bt, seq_lens=sl)),
         "resolve decode_attention (two signatures alternating, per resolve)": Case(
@@ -230,6 +232,8 @@ def ratios(rows: dict, gpu: bool) -> dict:
             for name, op, direct in CPU_OVERHEADS:
                 out.setdefault(name, {})[tag] = rows[op][stat] - rows[direct][stat]
         out.setdefault("memo hit (us) [<= 1.0]", {})[tag] = rows[MEMO_HIT][stat]
+        out.setdefault("memo hit less the empty call (us)", {})[tag] = (
+            rows[MEMO_HIT][stat] - rows[EMPTY][stat])
     return out
 
 

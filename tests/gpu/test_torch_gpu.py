@@ -76,6 +76,11 @@ def test_opcheck_on_the_gpu():
     slots = torch.tensor([0, -1, 17], device="cuda")
     torch.library.opcheck(torch.ops.kdispatch.write_kv.default,
                           (key, key.clone(), kc.clone(), vc.clone(), slots))
+    torch.library.opcheck(torch.ops.kdispatch.decode_attention.full,
+                          (q, kc, vc, bt, sl, 0.1, 64, 0.0, True))
+    torch.library.opcheck(torch.ops.kdispatch.write_kv.full,
+                          (key, key.clone(), kc.clone(), vc.clone(), slots,
+                           torch.tensor([True, False, True], device="cuda")))
 
 
 @pytest.mark.parametrize("latent", [False, True], ids=["gqa", "mla"])

@@ -220,11 +220,11 @@ def test_torch_ops_take_scales_and_query_tokens(dev):
     # opcheck's schema test compares inputs with arithmetic torch lacks for fp8 tensors
     # ("mul_cpu_reduced_float" not implemented for Float8_e4m3fn): the other three run
     utils = ("test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(torch.ops.kdispatch.decode_attention.default,
+    torch.library.opcheck(torch.ops.kdispatch.decode_attention.full,
                           (q4, k, v, bt, sl, 0.2), dict(scales), test_utils=utils)
     rows = torch.randn(3, k.shape[2], k.shape[3], device=dev).bfloat16()
     slots = torch.tensor([0, 5, 17], device=dev)
-    torch.library.opcheck(torch.ops.kdispatch.write_kv.default,
+    torch.library.opcheck(torch.ops.kdispatch.write_kv.full,
                           (rows, rows * 2, k.clone(), v.clone(), slots), dict(scales),
                           test_utils=utils)
 

@@ -166,9 +166,9 @@ def test_candidates_and_tuning_hooks_for_fp8_keys(dev):
 def test_torch_op_schema_takes_scales(dev):
     case = make_case(dev, tokens=4, seed=8)
     ref_k, ref_v = reference_kv_write(**case)
-    torch.ops.kdispatch.write_kv(case["key"], case["value"], case["key_cache"],
-                                 case["value_cache"], case["slot_mapping"], None, None, None,
-                                 case["k_scale"], case["v_scale"])
+    torch.ops.kdispatch.write_kv.full(case["key"], case["value"], case["key_cache"],
+                                      case["value_cache"], case["slot_mapping"], None, None,
+                                      None, case["k_scale"], case["v_scale"])
     assert torch.equal(case["key_cache"].float(), ref_k)
     assert torch.equal(case["value_cache"].float(), ref_v)
 

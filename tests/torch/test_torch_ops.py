@@ -57,7 +57,9 @@ def test_opcheck_decode_attention(dev, latent):
         else {}
     q, k, v, bt, sl = decode_case(dev, b=2, latent=latent, **kw)
     torch.library.opcheck(torch.ops.kdispatch.decode_attention.default,
-                          (q, k, v, bt, sl, 0.2), {"sliding_window": None})
+                          (q, k, v, bt, sl, 0.2))
+    torch.library.opcheck(torch.ops.kdispatch.decode_attention.full,
+                          (q, k, v, bt, sl, 0.2), {"sliding_window": 20, "logit_cap": 5.0})
 
 
 def test_opcheck_decode_attention_out(dev):
@@ -65,14 +67,52 @@ def test_opcheck_decode_attention_out(dev):
     out = torch.empty(2, 4, 32, device=dev)
     torch.library.opcheck(torch.ops.kdispatch.decode_attention_out.default,
                           (q, k, v, bt, sl, 0.2), {"out": out})
+    torch.library.opcheck(torch.ops.kdispatch.decode_attention_out.full,
+                          (q, k, v, bt, sl, 0.2, 20), {"out": out})
 
 
 def test_opcheck_write_kv(dev):
     key, value, kc, vc, slots = write_case(dev)
     torch.library.opcheck(torch.ops.kdispatch.write_kv.default, (key, value, kc, vc, slots))
+    mask = torch.tensor([True, False] * (key.shape[0] // 2) + [True] * (key.shape[0] % 2),
+                        device=dev)
+    torch.library.opcheck(torch.ops.kdispatch.write_kv.full, (key, value, kc, vc, slots),
+                          {"row_mask": mask})
 
 
-@pytest.mark.parametrize("name", ["decode_attention", "decode_attention_out", "write_kv"])
+def test_the_default_overloads_take_only_the_serving_call():
+    """Each schema argument costs every call: the defaults carry none of the options,
+    ``.full`` carries them all, and the packet reaches ``.full`` for a call with options."""
+    kdispatch.load_torch_ops()
+    ops = torch.ops.kdispatch
+    lean = {"decode_attention": 6, "decode_attention_out": 7, "write_kv": 5}
+    for name, n in lean.items():
+        packet = getattr(ops, name)
+        assert len(packet.default._schema.arguments) == n, name
+        full = [a.name for a in packet.full._schema.arguments]
+        assert {"config", "k_scale", "v_scale"} <= set(full), name
+    assert [a.name for a in ops.write_kv.full._schema.arguments][5:7] == ["row_mask",
+                                                                          "active_rows"]
+
+
+def test_the_packet_with_options_gives_the_public_bits(dev):
+    q, k, v, bt, sl = decode_case(dev, b=2)
+    a = kdispatch.decode_attention(q, k, v, bt, sl, scale=0.3, sliding_window=20)
+    b = torch.ops.kdispatch.decode_attention(q, k, v, bt, sl, 0.3, sliding_window=20)
+    c = torch.ops.kdispatch.decode_attention.full(q, k, v, bt, sl, 0.3, 20)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    key, value, kc, vc, slots = write_case(dev)
+    mask = torch.ones(key.shape[0], dtype=torch.bool, device=dev)
+    mask[0] = False
+    kc2, vc2 = kc.clone(), vc.clone()
+    kdispatch.write_kv(key, value, kc, vc, slots, row_mask=mask)
+    torch.ops.kdispatch.write_kv(key, value, kc2, vc2, slots, row_mask=mask)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "decode_attention_out", "write_kv",
+                                  "decode_attention.full", "decode_attention_out.full",
+                                  "write_kv.full"])
 def test_autograd_falls_through_to_the_kernel(name):
     """No autograd fallback per call: the CPU and CUDA autograd keys fall through."""
     kdispatch.load_torch_ops()
@@ -115,7 +155,8 @@ def test_a_config_reaches_the_torch_op_as_json(dev):
     cfg = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
                             seq_lens=sl).model_copy(update={"num_kv_splits": 2})
     a = kdispatch.decode_attention(q, k, v, bt, sl, scale=0.3, config=cfg)
-    b = torch.ops.kdispatch.decode_attention(q, k, v, bt, sl, 0.3, config=cfg.model_dump_json())
+    b = torch.ops.kdispatch.decode_attention.full(q, k, v, bt, sl, 0.3,
+                                                  config=cfg.model_dump_json())
     assert torch.equal(a, b)
 
 
@@ -171,6 +212,39 @@ def test_a_decode_layer_compiles_fullgraph_matches_eager_and_never_recompiles(de
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the write happened
     assert counter.frame_count == 1, "recompiled when only values changed"
+
+
+@pytest.mark.parametrize("options", [False, True], ids=["serving-call", "with-options"])
+def test_a_compiled_call_names_the_overload_its_arguments_need(dev, options):
+    """The plain serving call traces to the lean default overloads; a window or a row mask
+    to ``.full``; both match eager."""
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+                    and "kdispatch" in str(n.target))
+        return gm
+
+    extra = dict(sliding_window=20) if options else {}
+
+    def step(key, value, kc, vc, slots, q, bt, sl):
+        mask = torch.ones_like(slots, dtype=torch.bool) if options else None
+        kdispatch.write_kv(key, value, kc, vc, slots, row_mask=mask)
+        return kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.3, **extra)
+
+    key, value, kc, vc, slots = write_case(dev, t=2)
+    q = torch.randn(2, 4, 32, device=dev)
+    bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=dev)
+    sl = torch.tensor([17, 30], dtype=torch.int32, device=dev)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = step(key, value, kc, vc, slots, q, bt, sl)
+    got = torch.compile(step, backend=backend, fullgraph=True)(key, value, kc2, vc2, slots,
+                                                               q, bt, sl)
+    assert torch.equal(got, want) and torch.equal(kc, kc2)
+    suffix = "full" if options else "default"
+    assert sorted(seen) == [f"kdispatch.decode_attention.{suffix}",
+                            f"kdispatch.write_kv.{suffix}"], seen
 
 
 def test_the_fake_implementations_propagate_shapes():

@@ -85,12 +85,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         Naming the argument, for a malformed input or an invalid config.
     """
     if _compiling():
+        ops = torch.ops.kdispatch
+        if (sliding_window is None and not logit_cap and not batch_invariant
+                and config is None and k_scale is None and v_scale is None):
+            if out is None:  # the six-argument default overloads
+                return ops.decode_attention.default(q, k_cache, v_cache, block_table,
+                                                    seq_lens, scale)
+            ops.decode_attention_out.default(q, k_cache, v_cache, block_table, seq_lens,
+                                             scale, out=out)
+            return out
         cfg = config_json(config)
         if out is None:
-            return torch.ops.kdispatch.decode_attention(
+            return ops.decode_attention.full(
                 q, k_cache, v_cache, block_table, seq_lens, scale, sliding_window, logit_cap,
                 batch_invariant, cfg, k_scale, v_scale)
-        torch.ops.kdispatch.decode_attention_out(
+        ops.decode_attention_out.full(
             q, k_cache, v_cache, block_table, seq_lens, scale, sliding_window, logit_cap,
             batch_invariant, cfg, k_scale, v_scale, out=out)
         return out

@@ -23,6 +23,13 @@ from kdispatch.kernels.decode_attention.tuning import DecodeTuning
 from kdispatch.opdef import Op, OpKey
 
 
+#: the tensor form's names: the key's inputs and the rest of a decode call's arguments
+#: (accepted so that a call's own keyword arguments resolve; they do not change the key)
+TENSOR_ARGS = frozenset({"q", "k_cache", "v_cache", "block_table", "seq_lens",
+                         "sliding_window", "batch_invariant", "scale", "out", "logit_cap",
+                         "k_scale", "v_scale"})
+
+
 class DecodeOp(Op):
     """Split-KV paged decode attention, GQA/MHA and absorbed MLA
     (see :func:`kdispatch.decode_attention`)."""
@@ -36,27 +43,34 @@ class DecodeOp(Op):
     table_dirs: tuple[str | Path, ...] = ()
     tuning = DecodeTuning()
 
-    def memo_key(self, args: Mapping[str, Any]) -> Hashable:
+    @staticmethod
+    def memo_key(args: Mapping[str, Any]) -> Hashable:
         """What :meth:`key` reads of a tensor-form call, in six tensor-attribute reads
-        (the serving hot path: ``kdispatch.resolve``'s memo hit is this and a dict lookup).
+        (the serving hot path: ``kdispatch.resolve``'s memo hit is this and a comparison).
 
         q's shape (batch, q_len, heads, head dim), dtype and device (type and index); the
         cache dtype; v_cache's shape, whose first three dims are k_cache's in every call
         the key accepts (page size, kv heads; the last is the v head dim); the block-table
-        shape (its width is the context); the window and batch_invariant. A hit does not
-        re-check the inputs: only a miss runs :meth:`key`'s checks.
+        shape (its width is the context). A call of exactly the five tensors (the serving
+        call: five names, four read here and ``seq_lens`` looked up) needs nothing else;
+        any other call adds its argument names (so a hit never serves a call whose names
+        :meth:`key` would refuse), the window and batch_invariant. A hit does not re-check
+        the inputs: only a miss runs :meth:`key`'s checks.
         """
-        q = args.get("q")
-        if q is not None:
-            try:
-                # cheapest comparisons first: the public resolve compares a key with the
-                # last one served, and two alternating signatures should differ early
-                return (args.get("sliding_window"), args.get("batch_invariant", False),
-                        q.dtype, args["k_cache"].dtype, q.shape, args["block_table"].shape,
+        try:
+            q = args["q"]
+            if len(args) == 5 and "seq_lens" in args:
+                return (q.dtype, args["k_cache"].dtype, q.shape, args["block_table"].shape,
                         args["v_cache"].shape, q.device)
-            except (AttributeError, KeyError):  # not tensors: key() names the argument
-                return ("invalid", id(args))
-        return tuple(args.items())
+            return (tuple(args), args.get("sliding_window"), args.get("batch_invariant"),
+                    q.dtype, args["k_cache"].dtype, q.shape, args["block_table"].shape,
+                    args["v_cache"].shape, q.device)
+        except KeyError:
+            if "q" not in args:
+                return tuple(args.items())  # the plain form
+        except AttributeError:
+            pass
+        return ("invalid", id(args))  # not tensors, or one missing: key() names it
 
     def device_of(self, args: Mapping[str, Any]) -> Any:
         q = args.get("q")
@@ -69,6 +83,10 @@ class DecodeOp(Op):
         invariant = bool(args.get("batch_invariant", False))
         q = args.get("q")
         if q is not None:
+            unknown = sorted(set(args) - TENSOR_ARGS)
+            if unknown:
+                raise ValueError(f"{unknown[0]}: unknown argument of the tensor form (known: "
+                                 f"{', '.join(sorted(TENSOR_ARGS))})")
             check_decode_inputs(q, args.get("k_cache"), args.get("v_cache"),
                                 args.get("block_table"), args.get("seq_lens"))
             k, v, bt = args["k_cache"], args["v_cache"], args["block_table"]

@@ -1,5 +1,14 @@
 """``torch.ops.kdispatch.decode_attention`` (functional) and ``decode_attention_out``
-(writes a given output), with fake implementations for torch.compile."""
+(writes a given output), with fake implementations for torch.compile.
+
+Each has two overloads: the default takes the serving call's six arguments (a bf16/fp16
+cache, no window, cap, scales or config) and ``.full`` takes them all. A torch op pays
+per schema argument on every call (each defaulted optional is converted into and out of
+the dispatcher), so the common call does not carry six unused ones. A call through the
+packet (``torch.ops.kdispatch.decode_attention(...)``) with more arguments reaches
+``.full`` after the default refuses them, which costs a few microseconds: code that passes
+them on every call names ``.full`` (the public function does so under torch.compile).
+"""
 
 from __future__ import annotations
 
@@ -16,14 +25,30 @@ _ARGS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor s
          "float scale, int? sliding_window=None, float logit_cap=0.0, "
          "bool batch_invariant=False, str? config=None, Tensor? k_scale=None, "
          "Tensor? v_scale=None")
-SCHEMA = f"decode_attention({_ARGS}) -> Tensor"
-SCHEMA_OUT = f"decode_attention_out({_ARGS}, *, Tensor(a!) out) -> ()"
+_LEAN = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+         "float scale")
+SCHEMA = f"decode_attention({_LEAN}) -> Tensor"
+SCHEMA_FULL = f"decode_attention.full({_ARGS}) -> Tensor"
+SCHEMA_OUT = f"decode_attention_out({_LEAN}, *, Tensor(a!) out) -> ()"
+SCHEMA_OUT_FULL = f"decode_attention_out.full({_ARGS}, *, Tensor(a!) out) -> ()"
 
 
 @functools.lru_cache(maxsize=256)
 def parse_config(text: str) -> DecodeConfig:
     """A config from its JSON (one object per distinct text, so cached launches match)."""
     return DecodeConfig.model_validate_json(text)
+
+
+def _impl_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               block_table: torch.Tensor, seq_lens: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    return _decode(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def _impl_out_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
+                   out: torch.Tensor) -> None:
+    _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out)
 
 
 def _impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -58,5 +83,7 @@ def _fake_out(*args: Any, out: Any, **kwargs: Any) -> None:
     return None
 
 
-define("kdispatch", SCHEMA, _impl, _fake)
-define("kdispatch", SCHEMA_OUT, _impl_out, _fake_out)
+define("kdispatch", SCHEMA, _impl_lean, _fake)  # the default overload first: the packet
+define("kdispatch", SCHEMA_FULL, _impl, _fake)  # tries overloads in definition order
+define("kdispatch", SCHEMA_OUT, _impl_out_lean, _fake_out)
+define("kdispatch", SCHEMA_OUT_FULL, _impl_out, _fake_out)

@@ -60,9 +60,14 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
         Naming the argument, for a malformed input or an invalid config.
     """
     if _compiling():
-        torch.ops.kdispatch.write_kv(key, value, key_cache, value_cache, slot_mapping,
-                                     row_mask, active_rows, config_json(config), k_scale,
-                                     v_scale)
+        if (row_mask is None and active_rows is None and config is None and k_scale is None
+                and v_scale is None):  # the five-argument default overload
+            torch.ops.kdispatch.write_kv.default(key, value, key_cache, value_cache,
+                                                 slot_mapping)
+        else:
+            torch.ops.kdispatch.write_kv.full(key, value, key_cache, value_cache,
+                                              slot_mapping, row_mask, active_rows,
+                                              config_json(config), k_scale, v_scale)
         return
     launch.write_kv(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
                     config, k_scale, v_scale)

@@ -30,6 +30,13 @@ def _tensor_arg(args: Mapping[str, Any], name: str) -> torch.Tensor:
     return t
 
 
+#: the tensor form's names: a write call's arguments (the key reads key, key_cache and
+#: whether a mask is given; the memo key also holds the names, so a hit never serves a
+#: call that names one the key refuses)
+TENSOR_ARGS = frozenset({"key", "value", "key_cache", "value_cache", "slot_mapping",
+                         "row_mask", "active_rows", "k_scale", "v_scale"})
+
+
 class KVWriteOp(Op):
     """Scatter new K/V rows into a paged cache (see :func:`kdispatch.write_kv`)."""
 
@@ -47,8 +54,9 @@ class KVWriteOp(Op):
         if key is not None:
             try:
                 cache = args["key_cache"]
-                return (key.shape, key.dtype, key.device, cache.shape[1], cache.dtype,
-                        args.get("row_mask") is not None, args.get("active_rows") is not None)
+                return (tuple(args), key.shape, key.dtype, key.device, cache.shape[1],
+                        cache.dtype, args.get("row_mask") is not None,
+                        args.get("active_rows") is not None)
             except (AttributeError, KeyError, IndexError, TypeError):
                 return ("invalid", id(args))  # not tensors: key() names the argument
         return tuple(args.items())
@@ -61,6 +69,10 @@ class KVWriteOp(Op):
     def key(self, device: Any, args: Mapping[str, Any]) -> spec.KVWriteKey:
         fields = OpKey.device_fields(device)
         if args.get("key") is not None:
+            unknown = sorted(set(args) - TENSOR_ARGS)
+            if unknown:
+                raise ValueError(f"{unknown[0]}: unknown argument of the tensor form (known: "
+                                 f"{', '.join(sorted(TENSOR_ARGS))})")
             key = _tensor_arg(args, "key")
             cache = _tensor_arg(args, "key_cache")
             if key.dim() != 3:
