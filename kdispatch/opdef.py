@@ -136,6 +136,9 @@ class Op(ABC):
     launch_code: ClassVar[tuple[Any, ...]] = ()
     table_dirs: ClassVar[tuple[str | Path, ...]] = ()
     tuning: OpTuning | None = None
+    #: the names a tensor-form resolve accepts (None: any); the public resolve refuses
+    #: others by name (the tuner's own input dicts, which hold more, call :meth:`key`)
+    tensor_args: ClassVar[frozenset[str] | None] = None
 
     # -- resolution (host only: shapes, dtypes and devices; never device memory) ------------
     def is_plain(self, args: Mapping[str, Any]) -> bool:

@@ -182,7 +182,7 @@ def test_the_tensor_form_refuses_unknown_names_even_after_a_memo_hit(dev):
     five = dict(q=q, k_cache=kc, v_cache=kc, block_table=bt, seq_lens=sl)
     cfg = kdispatch.resolve("decode_attention", **five)
     assert kdispatch.explain("decode_attention", **five).provenance == "memo"
-    with pytest.raises(ValueError, match="^bogus: unknown argument of the tensor form"):
+    with pytest.raises(ValueError, match="^bogus: unknown argument of decode_attention's tensor form"):
         kdispatch.resolve("decode_attention", **five, bogus=1)
     with pytest.raises(ValueError, match="^seq_lens: expected a torch.Tensor"):
         # five names again, but not the five: a window in place of seq_lens
@@ -200,7 +200,7 @@ def test_the_writer_tensor_form_refuses_unknown_names_after_a_hit(dev):
                 slot_mapping=torch.arange(3, device=dev))
     kdispatch.resolve("kv_write", **call)
     assert kdispatch.explain("kv_write", **call).provenance == "memo"
-    with pytest.raises(ValueError, match="^row_msak: unknown argument of the tensor form"):
+    with pytest.raises(ValueError, match="^row_msak: unknown argument of kv_write's tensor form"):
         kdispatch.resolve("kv_write", **call, row_msak=None)
 
 

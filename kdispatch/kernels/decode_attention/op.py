@@ -42,6 +42,7 @@ class DecodeOp(Op):
     launch_code = (checked_plan, launches)
     table_dirs: tuple[str | Path, ...] = ()
     tuning = DecodeTuning()
+    tensor_args = TENSOR_ARGS
 
     @staticmethod
     def memo_key(args: Mapping[str, Any]) -> Hashable:
@@ -83,10 +84,6 @@ class DecodeOp(Op):
         invariant = bool(args.get("batch_invariant", False))
         q = args.get("q")
         if q is not None:
-            unknown = sorted(set(args) - TENSOR_ARGS)
-            if unknown:
-                raise ValueError(f"{unknown[0]}: unknown argument of the tensor form (known: "
-                                 f"{', '.join(sorted(TENSOR_ARGS))})")
             check_decode_inputs(q, args.get("k_cache"), args.get("v_cache"),
                                 args.get("block_table"), args.get("seq_lens"))
             k, v, bt = args["k_cache"], args["v_cache"], args["block_table"]

@@ -48,6 +48,7 @@ class KVWriteOp(Op):
     launch_code = (launches,)
     table_dirs: tuple[str | Path, ...] = ()
     tuning = KVWriteTuning()
+    tensor_args = TENSOR_ARGS
 
     def memo_key(self, args: Mapping[str, Any]) -> Hashable:
         key = args.get("key")
@@ -69,10 +70,6 @@ class KVWriteOp(Op):
     def key(self, device: Any, args: Mapping[str, Any]) -> spec.KVWriteKey:
         fields = OpKey.device_fields(device)
         if args.get("key") is not None:
-            unknown = sorted(set(args) - TENSOR_ARGS)
-            if unknown:
-                raise ValueError(f"{unknown[0]}: unknown argument of the tensor form (known: "
-                                 f"{', '.join(sorted(TENSOR_ARGS))})")
             key = _tensor_arg(args, "key")
             cache = _tensor_arg(args, "key_cache")
             if key.dim() != 3:
