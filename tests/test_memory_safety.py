@@ -86,10 +86,13 @@ def test_mla_masks_page_ids_outside_the_latent_cache(dev):
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_mla_splits_with_and_without_bad_pages_in_one_launch(dev, splits):
-    """Clean requests and splits beside ones that hold an out-of-cache id, in one grid."""
+@pytest.mark.parametrize("hq", [4, 64], ids=["masked-loads", "zero-row-64"])
+def test_mla_splits_with_and_without_bad_pages_in_one_launch(dev, splits, hq):
+    """Clean requests and splits beside ones that hold an out-of-cache id, in one grid; at
+    a 64-row tile (64 heads) a bad page's rows read the zero row, narrower tiles mask the
+    loads."""
     g = torch.Generator().manual_seed(11)
-    b, hq, page, pages = 3, 4, 16, 4
+    b, page, pages = 3, 16, 4
     nb = b * pages
     _, kc = guarded_cache(dev, nb, page, 1, 576, torch.bfloat16, g)
     q = torch.randn(b, hq, 576, generator=g).to(dev, torch.bfloat16)
@@ -100,7 +103,8 @@ def test_mla_splits_with_and_without_bad_pages_in_one_launch(dev, splits):
     cfg = kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=kc[..., :512],
                             block_table=bt.to(dev), seq_lens=sl.to(dev))
     cfg = cfg.model_copy(update={"num_kv_splits": splits, "block_n": 16, "pdl": False,
-                                 "merge": False})
+                                 "merge": False,
+                                 **({"block_h": 64} if hq == 64 else {})})
     out = kdispatch.decode_attention(q, kc, kc[..., :512], bt.to(dev), sl.to(dev),
                                      scale=576 ** -0.5, config=cfg)
     want = masked_reference(q, kc, kc[..., :512], bt, sl, 576 ** -0.5)

@@ -192,8 +192,8 @@ _ZERO_ROWS: dict[tuple[Any, Any], torch.Tensor] = {}
 
 def zero_row(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """A row of zeros as wide as the widest cache row, in the caches' dtype on their device,
-    never written: where the generic stage 1 points the rows of a page id outside the cache
-    (the latent stage 1 masks those loads instead).
+    never written: where the generic stage 1, and the latent stage 1 at its 64-row tiles,
+    point the rows of a page id outside the cache (narrower latent tiles mask those loads).
 
     Kept per (device, dtype) and reused. Under CUDA-graph capture a new one is made for the
     graph (its zero fill is captured with it) and not kept: its memory is the graph's.
@@ -215,10 +215,7 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     """The plan's launches as data (stage 1, then the reduce when it has one), with a
     freshly allocated workspace (and, for the generic stage 1, :func:`zero_row` unless
     ``zeros`` is given)."""
-    if p.latent:
-        zeros = ()
-    else:
-        zeros = (zero_row(k_cache, v_cache) if zeros is None else zeros,)
+    zeros = (zero_row(k_cache, v_cache) if zeros is None else zeros,)
     po, pl, cnt = _workspace(p, q)
     po_arg = po if po is not None else out
     pl_arg = pl if pl is not None else out
@@ -372,7 +369,8 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
     ksp = sp if k_scale is None else k_scale.data_ptr()
     vsp = sp if v_scale is None else v_scale.data_ptr()
     if p.latent:
-        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, ksp, vsp, qks, cap, *e.tail1)
+        e.stage1(stream, qp, kp, bp, sp, op_, po, pl, cnt, ksp, vsp, e.zeros.data_ptr(), qks,
+                 cap, *e.tail1)
     else:
         e.stage1(stream, qp, kp, vp, bp, sp, op_, po, pl, cnt, ksp, vsp, e.zeros.data_ptr(),
                  qks, cap, *e.tail1)
@@ -396,7 +394,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     p = checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
-    zeros = None if p.latent else zero_row(k_cache, v_cache)
+    zeros = zero_row(k_cache, v_cache)
     first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,
                                 logit_cap, window, k_scale, v_scale, zeros)
     if sig is None or (zeros is not None
