@@ -408,7 +408,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     stage1 = reduce = None
     if q.is_cuda:  # make_direct says None where direct launches are off
         kernel = _decode_stage1_latent if p.latent else _decode_stage1
-        n_ptr = 11 if p.latent else 12  # the leading pointers (both read the zero row)
+        n_ptr = kernel.arg_names.index("qk_scale")  # the leading pointers
         stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
         if p.reduce_grid is not None and stage1 is not None:
             n2 = 4 + len(reduce_args(p, k_cache, block_table, seq_lens, o, window))
