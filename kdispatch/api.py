@@ -23,20 +23,18 @@ def resolve(op: str, /, config: Any = None, **args: Any) -> OpConfig:
     ``op`` is any registered op's name (``kdispatch.op_names()``); for the built-in ops
     see the README.
     """
-    memo = _HOT.get(op)  # the global dispatcher's memo of ``op``, once it resolved ``op``
-    if memo is not None and config is None:  # the memo hit, inlined (the serving hot path)
+    if config is None:  # the memo hit, inlined (the serving hot path)
         try:
+            memo = _HOT[op]  # the global dispatcher's memo of ``op``, once it resolved ``op``
             mk = memo.memo_key(args)
             entry = memo.last
             if mk != entry.memo_key:
-                entry = memo.entries.get(mk)
-                if entry is not None:
-                    memo.last = entry
-        except TypeError:  # an unhashable argument: the slow path names it
-            entry = None
-        if entry is not None:
+                entry = memo.entries[mk]
+                memo.last = entry
             entry.calls += 1
             return entry.config
+        except (KeyError, TypeError):  # a miss, or an unhashable argument (the slow path
+            pass                       # names it)
     return _dispatch.dispatcher().resolve(op, args, config)
 
 
