@@ -63,14 +63,25 @@ def decode_call(case: dict):
                                               **scales)
 
 
+def parse_write(text: str) -> tuple[int, int, int, bool]:
+    """``write:tokens,heads,head_dim[,fp8]`` -> ``(tokens, heads, head_dim, fp8)``."""
+    try:
+        kind, rest = text.split(":", 1)
+        parts = rest.split(",")
+        tokens, heads, dim = (int(x) for x in parts[:3])
+    except ValueError:
+        kind, parts = "", []
+    if kind != "write" or len(parts) < 3 or set(parts[3:]) - {"fp8"}:
+        raise ValueError(f"--case {text!r}: expected write:tokens,heads,head_dim[,fp8]")
+    return tokens, heads, dim, "fp8" in parts[3:]
+
+
 def write_call(text: str):
     import torch
 
     import kdispatch
 
-    parts = text.split(":", 1)[1].split(",")
-    tokens, heads, dim = (int(x) for x in parts[:3])
-    fp8 = "fp8" in parts[3:]
+    tokens, heads, dim, fp8 = parse_write(text)
     g = torch.Generator(device="cuda").manual_seed(0)
     key = torch.randn(tokens, heads, dim, generator=g, device="cuda", dtype=torch.bfloat16)
     value = torch.randn(tokens, heads, dim, generator=g, device="cuda", dtype=torch.bfloat16)
