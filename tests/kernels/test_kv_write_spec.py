@@ -277,13 +277,26 @@ def test_heuristic_ladders_move():
     assert SPEC.heuristic(mkkey(head_dim=576, num_kv_heads=1)).block_h == 1
     assert SPEC.heuristic(mkkey(head_dim=1024, num_kv_heads=8)).block_h == 2
     assert SPEC.heuristic(mkkey(head_dim=1024, num_kv_heads=8, tokens=1)).block_h == 1
-    assert SPEC.heuristic(mkkey(head_dim=64, num_kv_heads=64)).block_h == 32
+    assert SPEC.heuristic(mkkey(head_dim=64, num_kv_heads=64, tokens=128)).block_h == 32
     assert SPEC.heuristic(mkkey(head_dim=64, num_kv_heads=64, tokens=1)).block_h == 8
-    assert SPEC.heuristic(mkkey(head_dim=8, num_kv_heads=1024)).block_h == 64  # capped
+    assert SPEC.heuristic(mkkey(head_dim=8, num_kv_heads=1024, tokens=128)).block_h == 64
     assert SPEC.heuristic(mkkey(tokens=65536)).block_t == 1
     assert SPEC.heuristic(mkkey(head_dim=16, num_kv_heads=2)).num_warps == 1
     assert SPEC.heuristic(mkkey(head_dim=16, num_kv_heads=16)).num_warps == 2
-    assert SPEC.heuristic(mkkey(head_dim=256, num_kv_heads=64)).num_warps == 4
+    assert SPEC.heuristic(mkkey(head_dim=256, num_kv_heads=64, tokens=128)).num_warps == 4
+
+
+def test_a_decode_step_over_many_heads_takes_programs_of_several_rows():
+    """2-64 tokens over more than 16 heads (the 55 x 96 preset's measured bests)."""
+    def hw(**kw):
+        c = SPEC.heuristic(mkkey(head_dim=96, num_kv_heads=55, **kw))
+        return c.block_h, c.block_t, c.num_warps
+    assert hw(tokens=8) == (2, 4, 4) and hw(tokens=64) == (2, 4, 4)
+    assert hw(tokens=8, kv_dtype="float8_e4m3fn") == (1, 4, 4)
+    assert hw(tokens=64, kv_dtype="float8_e4m3fn") == (4, 4, 4)
+    assert hw(tokens=2) == (4, 2, 4)
+    assert hw(tokens=1)[1] == 1 and hw(tokens=128)[1] == 1  # one token, bulk: as before
+    assert SPEC.heuristic(mkkey(num_kv_heads=16, tokens=8)).block_t == 1  # 16 heads: as before
 
 
 # -- candidates ---------------------------------------------------------------------------

@@ -42,6 +42,18 @@ QUANT_TILE = 256
 #: up to this many tokens (a decode step); bulk fp8 writes keep the bf16 tiles (16,384
 #: tokens: within 2% of the best)
 QUANT_SMALL_TOKENS = 64
+# Decode-step writes (2..64 tokens) over more than MANY_HEADS kv heads: MANY_HEADS_ROWS rows
+# per program, tiles of MANY_HEADS_TILE elements per operand (fp8: by tokens), warps by tile.
+# H200 full-space tune on the session-11 kernels (55 heads x 96, the ouro preset): bf16 8
+# tokens best at 2 heads x 4 rows (the 16-head x 1-row heuristic took 1.25x), 64 tokens
+# within 2% of the best at 2 x 4 (16 x 1: 1.33x); fp8 8 tokens best at 1 head x 4 rows,
+# 64 tokens within 2% at 4 x 4 (1 x 2 rows: 1.57x). At 8 and 16 heads the existing rules
+# stay within 10% of the best (bench/results/nvidia-h200/session11/h200.sqlite).
+MANY_HEADS = 16
+MANY_HEADS_ROWS = 4
+MANY_HEADS_TILE = 1024
+MANY_HEADS_FP8_TILE_BY_TOKENS: tuple[tuple[int, int], ...] = ((8, 512),
+                                                               (QUANT_SMALL_TOKENS, 2048))
 QUANT_WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (512, 4),
                                                      (MAX_TILE, 8))
 
@@ -143,6 +155,17 @@ class KVWriteConfig(OpConfig):
 
 def heuristic(key: KVWriteKey) -> KVWriteConfig:
     block_d = triton.next_power_of_2(key.head_dim)
+    if (key.num_kv_heads > MANY_HEADS and 2 <= key.tokens <= QUANT_SMALL_TOKENS
+            and block_d * MANY_HEADS_ROWS <= MANY_HEADS_TILE):
+        # a decode step's tokens over many heads: programs of several rows and few heads
+        block_t = min(key.tokens, MANY_HEADS_ROWS)
+        tile = (MANY_HEADS_TILE if not is_fp8(key.kv_dtype)
+                else ladder(MANY_HEADS_FP8_TILE_BY_TOKENS, key.tokens))
+        block_h = max(1, min(triton.next_power_of_2(key.num_kv_heads), BLOCK_H_MAX,
+                             tile // (block_t * block_d)))
+        return KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
+                             num_warps=ladder(WARPS_BY_TILE, block_t * block_h * block_d),
+                             pdl=pdl_capable(key))
     if is_fp8(key.kv_dtype) and key.tokens <= QUANT_SMALL_TOKENS:
         # quantizing (a division per value) a decode step's tokens wants small programs
         block_t = min(key.tokens, max(1, QUANT_TILE // block_d))
