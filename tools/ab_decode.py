@@ -55,39 +55,50 @@ def parse_case(text: str) -> dict:
             "fp8": "fp8" in flags, "q_len": 2 if "q2" in flags else 1}
 
 
+def case_inputs(case: dict, dev) -> tuple:
+    """``(q, k_cache, v_cache, block_table, seq_lens, scales)`` of a case on ``dev``: seeded,
+    bf16 or fp8 caches (``scales`` then holds ``k_scale``/``v_scale``), every request at
+    full context, a permuted page table; drawn on the device (GB-sized caches)."""
+    import torch
+
+    from kdispatch.kernels._common import quantize_fp8
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    page = 16
+    pages = -(-case["context"] // page)
+    nb = case["batch"] * pages + 3
+    latent = case["hk"] == 1 and case["dk"] > case["dv"]
+    qshape = (case["batch"], case["q_len"], case["hq"], case["dk"]) if case["q_len"] > 1 \
+        else (case["batch"], case["hq"], case["dk"])
+    q = torch.randn(qshape, generator=g, device=dev).to(torch.bfloat16)
+    k = torch.randn(nb, page, case["hk"], case["dk"], generator=g, device=dev,
+                    dtype=torch.bfloat16)
+    v = None if latent else torch.randn(nb, page, case["hk"], case["dv"], generator=g,
+                                        device=dev, dtype=torch.bfloat16)
+    scales = {}
+    if case["fp8"]:
+        s = torch.full((1,), FP8_SCALE, device=dev)
+        k = quantize_fp8(k, s, torch.float8_e4m3fn)
+        v = None if v is None else quantize_fp8(v, s, torch.float8_e4m3fn)
+        scales = {"k_scale": s, "v_scale": s}
+    v = k[..., :case["dv"]] if latent else v
+    bt = torch.randperm(nb, generator=g, device=dev)[:case["batch"] * pages].view(
+        case["batch"], pages).to(torch.int32)
+    sl = torch.full((case["batch"],), case["context"], dtype=torch.int32, device=dev)
+    return q, k, v, bt, sl, scales
+
+
 def _child(cases: list[dict], configs: list[str], reps: int, cpu: bool) -> list[dict]:
     """Time every (case, config) with the ``kdispatch`` found first on the path."""
     import torch
 
     import kdispatch
-    from kdispatch.kernels._common import quantize_fp8
     from kdispatch.kernels.decode_attention import reference_decode_attention
 
     dev = torch.device("cpu" if cpu else "cuda")
     out = []
     for case in cases:
-        g = torch.Generator(device=dev).manual_seed(0)  # on the device: GB-sized caches
-        page = 16
-        pages = -(-case["context"] // page)
-        nb = case["batch"] * pages + 3
-        latent = case["hk"] == 1 and case["dk"] > case["dv"]
-        qshape = (case["batch"], case["q_len"], case["hq"], case["dk"]) if case["q_len"] > 1 \
-            else (case["batch"], case["hq"], case["dk"])
-        q = torch.randn(qshape, generator=g, device=dev).to(torch.bfloat16)
-        k = torch.randn(nb, page, case["hk"], case["dk"], generator=g, device=dev,
-                        dtype=torch.bfloat16)
-        v = None if latent else torch.randn(nb, page, case["hk"], case["dv"], generator=g,
-                                            device=dev, dtype=torch.bfloat16)
-        scales = {}
-        if case["fp8"]:
-            s = torch.full((1,), FP8_SCALE, device=dev)
-            k = quantize_fp8(k, s, torch.float8_e4m3fn)
-            v = None if v is None else quantize_fp8(v, s, torch.float8_e4m3fn)
-            scales = {"k_scale": s, "v_scale": s}
-        v = k[..., :case["dv"]] if latent else v
-        bt = torch.randperm(nb, generator=g, device=dev)[:case["batch"] * pages].view(
-            case["batch"], pages).to(torch.int32)
-        sl = torch.full((case["batch"],), case["context"], dtype=torch.int32, device=dev)
+        q, k, v, bt, sl, scales = case_inputs(case, dev)
         scale = case["dk"] ** -0.5
         ref = reference_decode_attention(q, k, v, bt, sl, scale=scale, **scales)
         for text in configs:

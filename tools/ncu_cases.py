@@ -28,34 +28,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 
 def decode_call(case: dict):
-    import torch
-
     import kdispatch
-    from ab_decode import FP8_SCALE
-    from kdispatch.kernels._common import quantize_fp8
+    from ab_decode import case_inputs
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    page = 16
-    pages = -(-case["context"] // page)
-    nb = case["batch"] * pages + 3
-    latent = case["hk"] == 1 and case["dk"] > case["dv"]
-    qshape = (case["batch"], case["q_len"], case["hq"], case["dk"]) if case["q_len"] > 1 \
-        else (case["batch"], case["hq"], case["dk"])
-    q = torch.randn(qshape, generator=g, device="cuda").to(torch.bfloat16)
-    k = torch.randn(nb, page, case["hk"], case["dk"], generator=g, device="cuda",
-                    dtype=torch.bfloat16)
-    v = None if latent else torch.randn(nb, page, case["hk"], case["dv"], generator=g,
-                                        device="cuda", dtype=torch.bfloat16)
-    scales = {}
-    if case["fp8"]:
-        s = torch.full((1,), FP8_SCALE, device="cuda")
-        k = quantize_fp8(k, s, torch.float8_e4m3fn)
-        v = None if v is None else quantize_fp8(v, s, torch.float8_e4m3fn)
-        scales = {"k_scale": s, "v_scale": s}
-    v = k[..., :case["dv"]] if latent else v
-    bt = torch.randperm(nb, generator=g, device="cuda")[:case["batch"] * pages].view(
-        case["batch"], pages).to(torch.int32)
-    sl = torch.full((case["batch"],), case["context"], dtype=torch.int32, device="cuda")
+    q, k, v, bt, sl, scales = case_inputs(case, "cuda")
     cfg = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
                             seq_lens=sl)
     print(f"{case['name']}: {cfg}", flush=True)
