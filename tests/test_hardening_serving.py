@@ -193,6 +193,17 @@ def test_the_tensor_form_refuses_unknown_names_even_after_a_memo_hit(dev):
     assert windowed.key.sliding and windowed.key.context == 16
 
 
+def test_the_plain_form_with_a_device_object_still_resolves():
+    """What the vLLM plugin passes: ``device=`` a Device object and plain arguments."""
+    d = kdispatch.Device.from_key("nvidia-h200")
+    plain = dict(batch=4, context=4096, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                 page_size=16, dtype="bfloat16")
+    assert kdispatch.resolve("decode_attention", device=d, **plain) == kdispatch.resolve(
+        "decode_attention", device="nvidia-h200", **plain)
+    with pytest.raises(ValueError, match="bogus"):
+        kdispatch.resolve("decode_attention", device=d, **plain, bogus=1)
+
+
 def test_the_writer_tensor_form_refuses_unknown_names_after_a_hit(dev):
     key = torch.randn(3, 2, 32, device=dev)
     kc = torch.randn(4, 16, 2, 32, device=dev)
