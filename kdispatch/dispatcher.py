@@ -202,8 +202,9 @@ class Dispatcher:
     def _key(self, spec: Op, args: Mapping[str, Any]) -> OpKey:
         if spec.is_plain(args):
             return spec.key(self.device(args.get("device")), spec.plain_args(args))
-        if (spec.tensor_args is not None and "device" not in args
-                and not spec.tensor_args.issuperset(args)):  # (a Device object: plain)
+        if (spec.tensor_args is not None and not spec.tensor_args.issuperset(args)
+                and any(hasattr(v, "data_ptr") for v in args.values())):  # tensors given
+            # (no tensor: the plain form with a Device object, validated by the op)
             unknown = sorted(set(args) - spec.tensor_args)[0]
             raise ValueError(f"{unknown}: unknown argument of {spec.name}'s tensor form "
                              f"(known: {', '.join(sorted(spec.tensor_args))})")

@@ -182,8 +182,11 @@ def test_the_tensor_form_refuses_unknown_names_even_after_a_memo_hit(dev):
     five = dict(q=q, k_cache=kc, v_cache=kc, block_table=bt, seq_lens=sl)
     cfg = kdispatch.resolve("decode_attention", **five)
     assert kdispatch.explain("decode_attention", **five).provenance == "memo"
-    with pytest.raises(ValueError, match="^bogus: unknown argument of decode_attention's tensor form"):
+    with pytest.raises(ValueError,
+                       match="^bogus: unknown argument of decode_attention's tensor form"):
         kdispatch.resolve("decode_attention", **five, bogus=1)
+    with pytest.raises(ValueError, match="^bogus: unknown argument"):  # a device named too
+        kdispatch.resolve("decode_attention", **five, device="nvidia-h200", bogus=1)
     with pytest.raises(ValueError, match="^seq_lens: expected a torch.Tensor"):
         # five names again, but not the five: a window in place of seq_lens
         kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=kc, block_table=bt,
