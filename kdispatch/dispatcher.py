@@ -202,12 +202,7 @@ class Dispatcher:
     def _key(self, spec: Op, args: Mapping[str, Any]) -> OpKey:
         if spec.is_plain(args):
             return spec.key(self.device(args.get("device")), spec.plain_args(args))
-        if (spec.tensor_args is not None and not spec.tensor_args.issuperset(args)
-                and any(hasattr(v, "data_ptr") for v in args.values())):  # tensors given
-            # (no tensor: the plain form with a Device object, validated by the op)
-            unknown = sorted(set(args) - spec.tensor_args)[0]
-            raise ValueError(f"{unknown}: unknown argument of {spec.name}'s tensor form "
-                             f"(known: {', '.join(sorted(spec.tensor_args))})")
+        spec.check_tensor_names(args)
         return spec.key(self.device(spec.device_of(args)), args)
 
     def _resolve_slow(self, spec: Op, args: Mapping[str, Any], mk: Any,

@@ -146,6 +146,16 @@ class Op(ABC):
         return isinstance(args.get("device"), str) and not any(
             hasattr(v, "data_ptr") for v in args.values())
 
+    def check_tensor_names(self, args: Mapping[str, Any]) -> None:
+        """Raise ValueError naming an argument outside :attr:`tensor_args` in a call that
+        gives tensors (a call without any is the plain form, which :meth:`plain_args`
+        validates, ``device=`` a Device object included)."""
+        if (self.tensor_args is not None and not self.tensor_args.issuperset(args)
+                and any(hasattr(v, "data_ptr") for v in args.values())):
+            unknown = sorted(set(args) - self.tensor_args)[0]
+            raise ValueError(f"{unknown}: unknown argument of {self.name}'s tensor form "
+                             f"(known: {', '.join(sorted(self.tensor_args))})")
+
     def memo_key(self, args: Mapping[str, Any]) -> Hashable:
         """A cheap hashable of exactly what :meth:`key` reads (override for speed)."""
         return tuple((k, _tensor_sig(v)) for k, v in args.items())
