@@ -1,8 +1,8 @@
 """``torch.ops.kdispatch.decode_attention`` (functional) and ``decode_attention_out``
 (writes a given output), with fake implementations for torch.compile.
 
-Each has two overloads: the default takes the serving call's six arguments (a bf16/fp16
-cache, no window, cap, scales or config) and ``.full`` takes them all. A torch op pays
+Each has two overloads: the default takes the serving call's six arguments (no window,
+logit cap, batch invariance, config or fp8 scales) and ``.full`` takes them all. A torch op pays
 per schema argument on every call (each defaulted optional is converted into and out of
 the dispatcher), so the common call does not carry six unused ones. A call through the
 packet (``torch.ops.kdispatch.decode_attention(...)``) with more arguments reaches
