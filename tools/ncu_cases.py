@@ -12,8 +12,8 @@ the third call, after compiling and planning::
         --case llama:4,32,8,128,128,262144
     ncu --import $OUT/gqa.ncu-rep --page details > $OUT/gqa.txt
 
-(ncu reads hardware counters on the Firecracker hosts, not on gVisor ones:
-/work/.library/device/KINDS.md.)
+(ncu reads hardware counters only where the machine's GPU runtime lets it: session 11's
+two-H200 host did, a one-H200 host under a sandboxing runtime did not.)
 """
 
 from __future__ import annotations

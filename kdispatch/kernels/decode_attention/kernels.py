@@ -42,8 +42,9 @@ program that arrives last merges every split's partials, in split order, into th
 Split boundaries depend only on the request's own live length and the config, so a
 request's bits do not depend on what it is batched with. A page id outside
 ``[0, num_blocks)`` is never read: here the rows of its tokens point at ``KZ``, a row of
-zeros in the cache dtype (the latent stage 1 masks their loads instead: fewer
-instructions at its tile), and their scores are -inf, so they contribute nothing. The
+zeros in the cache dtype (the latent stage 1 does so at its 64-row tiles and masks those
+loads at narrower ones: fewer instructions there), and their scores are -inf, so they
+contribute nothing. The
 loads' masks here depend on token positions only (masking them by page id instead
 compiled to 949 vs 647 instructions per iteration at the 128-token GQA tile:
 docs/decode_notes.md v9).
@@ -174,7 +175,8 @@ def _tile_pages(bt_row, n0, end, page, num_blocks, stride_btp, PAGE: tl.constexp
     K/V gather of a tile does not wait on its own block-table load). A token is readable
     when it is in range and its page id lies in ``[0, num_blocks)``; the generic stage 1
     points the other rows at the zero row (:func:`_row_ptrs`) and masks its loads by the
-    in-range mask, the latent one masks its loads by the readable mask."""
+    in-range mask; the latent one does the same at its 64-row tiles and masks its loads by
+    the readable mask at narrower ones."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_next = offs_n + BLOCK_N
     page_next = tl.load(bt_row + (offs_next // PAGE) * stride_btp, mask=offs_next < end,

@@ -7,8 +7,9 @@ per request (``QLEN``: speculative decoding, multi-token prediction) every laten
 feeds ``QLEN x heads`` rows of the dots -- what makes MLA with MTP compute-bound rather
 than reading the latent once per token. fp8 latents (``KV_FP8``) are loaded as fp8 and
 converted in registers (to fp16 for fp16 dots, ``F16_DOTS``); their scales are read by
-the kernel. A page id outside ``[0, num_blocks)`` is masked out of the latent loads
-(never dereferenced) and its tokens' scores are -inf.
+the kernel. A page id outside ``[0, num_blocks)`` is never dereferenced (its rows read
+the zero row ``KZ`` at the 64-row tiles and are masked out of the loads at narrower
+ones) and its tokens' scores are -inf.
 """
 
 import triton
@@ -105,7 +106,7 @@ def _decode_stage1_latent(
     k_head = kvh * stride_kh
     bt_row = BT + b * stride_btb
     # the serving case: every page id of the split lies in the cache, and the scores skip
-    # the reload of the tile's ids (the loads stay masked by the ids in either case)
+    # the reload of the tile's ids (the loads never read a bad page in either case)
     clean = _pages_valid(bt_row, start, end, num_blocks, stride_btp, PAGE, PAGE_SCAN)
     offs_n = start + tl.arange(0, BLOCK_N)
     page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=-1)

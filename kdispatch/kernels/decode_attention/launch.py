@@ -213,8 +213,7 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
              scale: float, logit_cap: float, window: int, k_scale: Any = None,
              v_scale: Any = None, zeros: Any = None) -> list[KernelLaunch]:
     """The plan's launches as data (stage 1, then the reduce when it has one), with a
-    freshly allocated workspace (and, for the generic stage 1, :func:`zero_row` unless
-    ``zeros`` is given)."""
+    freshly allocated workspace (and :func:`zero_row` unless ``zeros`` is given)."""
     zeros = (zero_row(k_cache, v_cache) if zeros is None else zeros,)
     po, pl, cnt = _workspace(p, q)
     po_arg = po if po is not None else out
@@ -397,8 +396,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
     zeros = zero_row(k_cache, v_cache)
     first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,
                                 logit_cap, window, k_scale, v_scale, zeros)
-    if sig is None or (zeros is not None
-                       and _ZERO_ROWS.get((k_cache.device, k_cache.dtype)) is not zeros):
+    if sig is None or _ZERO_ROWS.get((k_cache.device, k_cache.dtype)) is not zeros:
         return o  # a zero row made under graph capture is the graph's: cache nothing
     tail1 = stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, o, window)
     ws_numel = pl_offset = 0
