@@ -37,6 +37,18 @@ def test_gpu_ratios_are_the_issue_targets():
     assert r["memo hit (us) [<= 1.0]"] == {"median": 10.0, "min": 5.0}
     assert r["memo hit less the empty call (us)"] == {"median": 9.5, "min": 4.75}
     assert len(r) == len(bh.GPU_RATIOS) + 2
+    rows[bh.FLOOR] = {"median_us": 2.0, "min_us": 1.0}  # torch's own cost of an op call
+    r = bh.ratios(rows, gpu=True)
+    assert r["write_kv torch op - direct - floor (us)"] == {"median": 0.5, "min": 0.0}
+
+
+def test_the_floor_op_does_nothing_through_torch():
+    import torch
+
+    noop = bh._noop_op()
+    assert bh._noop_op() is noop  # registered once
+    x = torch.ones(2)
+    assert noop(x, x, x, x, x) is None and x.tolist() == [1.0, 1.0]
 
 
 def test_cpu_overheads_are_differences_in_us():
@@ -48,6 +60,9 @@ def test_cpu_overheads_are_differences_in_us():
     assert r["torch op - direct, write_kv (us)"]["median"] == pytest.approx(1.5)
     assert r["memo hit (us) [<= 1.0]"]["median"] == pytest.approx(1.1)
     assert r["memo hit less the empty call (us)"]["median"] == pytest.approx(1.0)
+    rows[bh.FLOOR] = {"median_us": 1.25, "min_us": 1.0}
+    r = bh.ratios(rows, gpu=False)
+    assert r["write_kv torch op - direct - floor (us)"]["median"] == pytest.approx(0.25)
 
 
 def test_the_launch_stub_is_restored():

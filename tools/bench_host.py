@@ -45,6 +45,7 @@ ROUNDS, CALLS = 5, 3000
 ANCHOR = "bare Triton launch (8 args, the anchor)"
 MEMO_HIT = "resolve decode_attention (tensor form, memo hit)"
 EMPTY = "empty call (the harness: its loop and a lambda returning None)"
+FLOOR = "torch op floor (a no-op op of write_kv's lean schema)"
 
 
 @triton.jit
@@ -104,7 +105,7 @@ def gpu_cases(dev: str) -> dict[str, Case]:
     slot = torch.tensor([3], device=dev)
     gqa_cfg = kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=vc,
                                 block_table=bt, seq_lens=sl)
-    ops = torch.ops.kdispatch
+    ops, noop = torch.ops.kdispatch, _noop_op()
     return {
         ANCHOR: Case(lambda: _anchor[(1,)](a, b, a, b, 64, 1, 1, 1, BLOCK=64)),
         "decode_attention GQA 32/8x128":
@@ -120,8 +121,20 @@ def gpu_cases(dev: str) -> dict[str, Case]:
             Case(lambda: ops.decode_attention(ql, lat, lv, bt, sl, 0.04)),
         "write_kv 1 token 8x128": Case(lambda: kdispatch.write_kv(key, key, kc, vc, slot)),
         "torch.ops.kdispatch.write_kv": Case(lambda: ops.write_kv(key, key, kc, vc, slot)),
+        FLOOR: Case(lambda: noop(key, key, kc, vc, slot)),
         **resolve_cases(q, kc, vc, bt, sl),
     }
+
+
+def _noop_op() -> Callable[..., None]:
+    """A torch op that does nothing, registered as kdispatch's ops are, with write_kv's
+    default (lean) schema: what torch itself charges per call of such an op."""
+    from kdispatch.torch_library import define
+
+    define("kdispatch_bench", "noop_write(Tensor key, Tensor value, Tensor(a!) key_cache, "
+           "Tensor(b!) value_cache, Tensor slot_mapping) -> ()",
+           lambda *a: None, lambda *a: None)
+    return torch.ops.kdispatch_bench.noop_write
 
 
 def resolve_cases(q, kc, vc, bt, sl) -> dict[str, Case]:
@@ -178,7 +191,7 @@ def cpu_cases() -> dict[str, Case]:
     lv = lat[..., :512]
     key = torch.randn(1, 8, 128, dtype=torch.bfloat16)
     slot = torch.tensor([3])
-    ops = torch.ops.kdispatch
+    ops, noop = torch.ops.kdispatch, _noop_op()
     return {
         **resolve_cases(q, kc, kc, bt, sl),
         "decode_attention GQA, launch stubbed":
@@ -193,6 +206,7 @@ def cpu_cases() -> dict[str, Case]:
             Case(lambda: kdispatch.write_kv(key, key, kc, kc, slot)),
         "torch.ops.kdispatch.write_kv, launch stubbed":
             Case(lambda: ops.write_kv(key, key, kc, kc, slot)),
+        FLOOR: Case(lambda: noop(key, key, kc, kc, slot)),
     }
 
 
@@ -231,6 +245,11 @@ def ratios(rows: dict, gpu: bool) -> dict:
         else:
             for name, op, direct in CPU_OVERHEADS:
                 out.setdefault(name, {})[tag] = rows[op][stat] - rows[direct][stat]
+        if FLOOR in rows:  # what the write op adds beyond torch's own cost of an op call
+            op_row = "torch.ops.kdispatch.write_kv" + ("" if gpu else ", launch stubbed")
+            direct = "write_kv 1 token 8x128" + ("" if gpu else ", launch stubbed")
+            out.setdefault("write_kv torch op - direct - floor (us)", {})[tag] = (
+                rows[op_row][stat] - rows[direct][stat] - rows[FLOOR][stat])
         out.setdefault("memo hit (us) [<= 1.0]", {})[tag] = rows[MEMO_HIT][stat]
         out.setdefault("memo hit less the empty call (us)", {})[tag] = (
             rows[MEMO_HIT][stat] - rows[EMPTY][stat])

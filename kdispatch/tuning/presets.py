@@ -98,6 +98,14 @@ _BUILTIN = (
            model=ModelShape(32, 8, 128, decode=grid([1, 8, 64], [8192, 32768, 131072])
                             + ((4, 262144),), write_tokens=(1, 8, 64, 16384)),
            max_candidates=MODEL_CANDIDATES),
+    Preset("llama3.2-1b", "Llama-3.2-1B: GQA 32/8 x 64 (head dim 64), decode batch 1, 8, 64 x "
+           "context 8k, 32k and batch 4 x 262,144; KV writes of 8 heads x 64",
+           model=ModelShape(32, 8, 64, decode=grid([1, 8, 64], [8192, 32768]) + ((4, 262144),),
+                            write_tokens=(1, 8, 64)), max_candidates=MODEL_CANDIDATES),
+    Preset("gemma2-9b", "Gemma-2-9B: GQA 16/8 x 256 (head dim 256), decode batch 1, 8, 64 x "
+           "context 8k, 32k and batch 4 x 262,144; KV writes of 8 heads x 256",
+           model=ModelShape(16, 8, 256, decode=grid([1, 8, 64], [8192, 32768]) + ((4, 262144),),
+                            write_tokens=(1, 8, 64)), max_candidates=MODEL_CANDIDATES),
     Preset("kimi-k3-tp8", "Kimi-K3 at TP8: absorbed MLA, 12 q heads, 1 latent head 576/512, "
            "batch 1, 8 x context 65,536 and 327,600; latent-cache writes",
            model=ModelShape(12, 1, 576, 512, decode=grid([1, 8], [65536, 327600]),

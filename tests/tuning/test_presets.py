@@ -8,7 +8,8 @@ from kdispatch.device import Device
 from kdispatch.registry import get_op
 from kdispatch.tuning import presets, sweep
 
-REQUIRED = ("ouro-1.4b", "huginn", "llama3-8b", "kimi-k3-tp8", "deepseek-v3-tp8", "smoke")
+REQUIRED = ("ouro-1.4b", "huginn", "llama3-8b", "llama3.2-1b", "gemma2-9b", "kimi-k3-tp8",
+            "deepseek-v3-tp8", "smoke")
 
 
 def _keys(name, device, op):
@@ -61,6 +62,12 @@ def test_preset_shapes_match_benchmarking_md():
     ouro_dec, _ = _keys("ouro-1.4b", h200, "decode_attention")
     assert {(k["num_q_heads"], k["num_kv_heads"], k["batch"]) for k in ouro_dec} == {
         (16, 16, 1), (16, 16, 8)}
+    # GQA at every head dim issue 18 names: 64, 96 (huginn), 128 and 256
+    for name, hq, d in (("llama3.2-1b", 32, 64), ("gemma2-9b", 16, 256)):
+        dec, _ = _keys(name, h200, "decode_attention")
+        assert {(k["num_q_heads"], k["num_kv_heads"], k["head_dim"], k["head_dim_v"])
+                for k in dec} == {(hq, 8, d, d)} and len(dec) == 14
+        assert any(k["batch"] == 4 and k["context"] == 262144 for k in dec)
     hug_kv, _ = _keys("huginn", h200, "kv_write")
     assert {(k["num_kv_heads"], k["head_dim"]) for k in hug_kv} == {(55, 96)}
 
