@@ -45,6 +45,9 @@ MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
     (8192, 4),        # short contexts: latency dominates, split finely to fill the device
     (1 << 30, 16),    # long contexts: fewer, longer splits amortize the per-split cost
 )
+#: the same for fp8 caches, whose tiles cost half the bytes: long contexts split twice as
+#: finely (session 12: b1 x 32k 21 vs 26 us at 32 vs 16 splits at D=64, 30 vs 37 at D=128)
+MIN_TILES_PER_SPLIT_FP8: tuple[tuple[int, int], ...] = ((8192, 4), (1 << 30, 8))
 #: Absorbed MLA (latent keys) fills whole waves of resident programs instead: programs
 #: = floor(slots / base) * base, slots = SMs x resident programs per SM (2 for the 32-token
 #: 12-16-head tile, 1 for 64-head blocks). H200 v3 (docs/decode_notes.md): deepseek TP8
@@ -57,12 +60,30 @@ LATENT_PROGRAMS_PER_SM_WIDE = 1
 #: session 9 tune: the fp8 two-token 64-token tile there is best at 128 splits (8 tiles,
 #: 53.8 us) and took 84.8 us at the 64 that 16 tiles allowed
 LATENT_MIN_TOKENS_PER_SPLIT = 512
-#: BLOCK_N by padded q/k head dim. H200 full-space tune (session 8, 3 stages, the kernels
-#: with the zero-row page guard): GQA D<=128 best at 128 tokens at every preset key (bf16
-#: b4 x 262k 952 vs 965 us at 64; fp8 640 vs 941 us; D=96 too). Session 4 (older kernels,
-#: 2 stages at 128) had 64 tokens. The 576-wide MLA tile is fastest at 32 tokens (kimi
-#: b8 x 327,600: 951 vs 1366 us at 64).
-BLOCK_N_BY_DIM: tuple[tuple[int, int], ...] = ((128, 128), (256, 64), (1 << 20, 32))
+#: GQA/MHA tiles ``(fp8 cache, up to padded head dim, (block_n, num_stages))``, the first
+#: match applies. H200 full-space tunes: D<=128 best at 128 tokens and 3 stages at every
+#: preset key, bf16 and fp8 (session 8: bf16 b4 x 262k 952 vs 965 us at 64; fp8 640 vs 941
+#: us; D=96 too). D=256 (session 12, gemma2-9b): bf16 at 128 tokens and 2 stages (the same
+#: shared memory as 64 at 3) at every key, 1.22-1.30x faster than 64 at 3 (b8 x 32k 508 vs
+#: 653 us); fp8 at 64 tokens and 3 stages (its converted tile makes 128 at 2 larger). The
+#: 576-wide MLA tile is fastest at 32 tokens (kimi b8 x 327,600: 951 vs 1366 us at 64).
+GQA_TILES: tuple[tuple[bool, int, tuple[int, int]], ...] = (
+    (False, 128, (128, 3)),
+    (False, 256, (128, 2)),
+    (True, 128, (128, 3)),
+    (True, 256, (64, 3)),
+    (False, 1 << 20, (32, 3)),
+    (True, 1 << 20, (32, 3)),
+)
+#: bf16 head dims up to this take 2 stages when the grid is not split (many resident
+#: programs): session 12, llama3.2-1b (D=64) b64 x 8k/32k 250/978 vs 304/1197 us at 3
+#: (D=128 keeps 3 there: 493 us, its 2-stage tiles no faster)
+GQA_TWO_STAGES_UNSPLIT_DIM = 64
+#: fp8 GQA tiles of at most this many bytes of shared memory (two or more resident per
+#: SM) fill the device with twice GQA_PROGRAMS_PER_SM programs: session 12, D=64 fp8 b8 x
+#: 32k 95 us at 8 splits vs 113 at 4, b4 x 262k 378 vs 431 at 16 vs 8, b8 x 8k 30 vs 34 at
+#: 8 vs 4 (D=128 fp8 tiles, 128 KB, one per SM, keep GQA_PROGRAMS_PER_SM)
+FP8_DENSE_SMEM = 96 * 1024
 #: Latent (MLA) tiles ``(fp8 cache, up to rows, (block_n, num_warps, num_stages))``, the
 #: first match applies. Timed on the H200: bf16 16 rows at 32 tokens, 4 warps, 3 stages
 #: (v2: kimi b8 x 327,600 830 vs 993 us at 2 stages; 64 tokens 1366 us); 64 rows (128
@@ -246,6 +267,20 @@ def latent_tile(key: DecodeKey, block_h: int) -> tuple[int, int, int]:
     return LATENT_TILES[-1][2]
 
 
+def gqa_tile(key: DecodeKey) -> tuple[int, int]:
+    """``(block_n, num_stages)`` of a GQA/MHA (non-latent) key's 16-row block."""
+    fp8, dim = is_fp8(key.kv_dtype), p2(key.head_dim)
+    return next(tile for f, d, tile in GQA_TILES if f == fp8 and dim <= d)
+
+
+def dense_fp8(key: DecodeKey, block_n: int) -> bool:
+    """An fp8 GQA tile small enough for two or more resident programs per SM (3 stages)."""
+    if not is_fp8(key.kv_dtype) or key.latent:
+        return False
+    cfg = DecodeConfig(block_n=block_n, block_h=16, num_stages=3)
+    return smem_bytes(key, cfg) <= FP8_DENSE_SMEM
+
+
 def merges(key: DecodeKey, splits: int) -> bool:
     """Whether a grid of ``splits`` merges in its last stage-1 program (no reduce kernel).
 
@@ -268,8 +303,11 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) 
         splits = max(1, per_sm * key.cu_count // base)
         min_tokens = LATENT_MIN_TOKENS_PER_SPLIT
     else:
-        splits = max(1, round(GQA_PROGRAMS_PER_SM * key.cu_count / base))
-        min_tokens = ladder(MIN_TILES_PER_SPLIT, key.context) * block_n
+        per_sm = GQA_PROGRAMS_PER_SM * (2 if dense_fp8(key, block_n) else 1)
+        tiles = ladder(MIN_TILES_PER_SPLIT_FP8 if is_fp8(key.kv_dtype) else MIN_TILES_PER_SPLIT,
+                       key.context)
+        splits = max(1, round(per_sm * key.cu_count / base))
+        min_tokens = tiles * block_n
     splits = min(splits, max(1, key.context // min_tokens), max_splits_for_budget(key))
     return max(1, splits)
 
@@ -284,12 +322,14 @@ def heuristic(key: DecodeKey) -> DecodeConfig:
     else:
         # fp8 caches take the bf16 tile (H200 full-space tune, session 8: 128 tokens at
         # 3 stages best for both at every preset key, split or not)
-        block_n = ladder(BLOCK_N_BY_DIM, p2(key.head_dim))
+        block_n, stages = gqa_tile(key)
         if block_h >= 64:
             block_n = BLOCK_N_WIDE_HEADS
         warps = 8 if block_h >= 64 else 4
         splits = split_count(key, block_h, block_n, warps)
-        stages = 3
+        if (splits == 1 and not is_fp8(key.kv_dtype)
+                and p2(key.head_dim) <= GQA_TWO_STAGES_UNSPLIT_DIM):
+            stages = 2
     # pdl stays off: launching the reduce early measured -3..+3% on most H200 shapes and
     # 9-15% slower at MLA batch 1 with 128-256 splits (session 4d, decode-pdl.json)
     cfg = DecodeConfig(num_kv_splits=splits, block_n=block_n, block_h=block_h,
