@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -37,8 +38,13 @@ GRAPH_US, MAX_CALLS = 1000.0, 32
 RESULT: dict = {"correctness": [], "timing": [], "errors": [], "compiled": {}}
 
 
+SAVE: list[Path] = []  # a child's part file, rewritten after every result
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
+    if SAVE:  # a killed child keeps what it had
+        SAVE[0].write_text(json.dumps(RESULT, indent=1, default=str))
 
 
 def fail(where: str, exc: BaseException) -> None:
@@ -104,9 +110,12 @@ def check_correctness(G, dev) -> None:
             row["kdispatch_max_err"] = (kd - ref).abs().max().item()
         except Exception as exc:  # noqa: BLE001
             fail(f"kdispatch correctness {row['case']}", exc)
-        log(f"correctness {row}")
         RESULT["correctness"].append(row)
-    # a bad page id inside a request's range: the reference over the other pages
+        log(f"correctness {row}")
+
+
+def check_bad_pages(G, dev) -> None:
+    """A bad page id inside a request's range: the reference over the other pages."""
     q, k, bt, sl = small_case(64, [1000, 300], dev, seed=7)
     nb = k.shape[0]
     bad = bt.clone()
@@ -126,8 +135,8 @@ def check_correctness(G, dev) -> None:
     except Exception as exc:  # noqa: BLE001
         fail("gluon bad-page check", exc)
         row["gluon_ok"] = False
-    log(f"correctness {row}")
     RESULT["correctness"].append(row)
+    log(f"correctness {row}")
 
 
 def _graph_of(fns, calls: int):
@@ -167,11 +176,13 @@ def big_case(b: int, ctx: int, hq: int, dev):
 
 def time_shapes(G, dev, shapes, split_list) -> None:
     for b, ctx, hq in shapes:
-        RESULT["timing"].append(time_shape(G, dev, b, ctx, hq, split_list))
+        row = {"shape": f"h{hq} b{b} x {ctx}"}
+        RESULT["timing"].append(row)  # filled in place: a killed child keeps its part
+        time_shape(G, dev, b, ctx, hq, split_list, row)
         torch.cuda.empty_cache()
 
 
-def time_shape(G, dev, b: int, ctx: int, hq: int, split_list) -> dict:
+def time_shape(G, dev, b: int, ctx: int, hq: int, split_list, row: dict) -> None:
     name = f"h{hq} b{b} x {ctx}"
     q, k, bt, sl = big_case(b, ctx, hq, dev)
     v = k[..., :DV]
@@ -182,7 +193,7 @@ def time_shape(G, dev, b: int, ctx: int, hq: int, split_list) -> dict:
         ref = reference_decode_attention(q[:2], k, v, bt[:2], sl[:2], scale=scale)
     except Exception as exc:  # noqa: BLE001
         fail(f"reference {name}", exc)
-    row = {"shape": name, "batch": b, "context": ctx, "heads": hq, "flops": flops}
+    row.update(batch=b, context=ctx, heads=hq, flops=flops)
     try:
         out = torch.empty(b, hq, DV, dtype=q.dtype, device=dev)
         fn = lambda: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, out=out)
@@ -237,7 +248,6 @@ def time_shape(G, dev, b: int, ctx: int, hq: int, split_list) -> dict:
             log(f"{name}: best gluon splits {best['splits']} overlap_pv {best['overlap_pv']} "
                 f"{best['us']:.1f} us ({best['tflops']:.0f} TFLOPS) vs kdispatch {ref_us:.1f} "
                 f"us: {row['speedup_vs_kdispatch']:.2f}x")
-    return row
 
 
 def compiled_info(G) -> None:
@@ -252,32 +262,88 @@ def compiled_info(G) -> None:
         fail("compiled info", exc)
 
 
+PHASES = ("correct", "time-16k", "time-4k", "bad-pages")
+#: seconds each phase may run (a hung kernel is killed with its process, the rest goes on)
+PHASE_LIMIT = {"correct": 100, "time-16k": 120, "time-4k": 90, "bad-pages": 45}
+
+
+def run_phase(phase: str, args) -> None:
+    dev = torch.device("cuda")
+    G = gluon_module()
+    variants = [(int(x), False) for x in args.splits.split(",") if x]
+    variants += [(int(x), True) for x in args.overlap_splits.split(",") if x]
+    if phase == "correct" and G is not None:
+        check_correctness(G, dev)
+    elif phase == "time-16k":
+        time_shapes(G, dev, [(32, 16384, 128)], variants)
+    elif phase == "time-4k":
+        time_shapes(G, dev, [(32, 4096, 128)], variants)
+    elif phase == "bad-pages" and G is not None:
+        check_bad_pages(G, dev)
+    if G is not None:
+        compiled_info(G)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="correctness and b32 x 4096 only")
+    ap.add_argument("--quick", action="store_true", help="no b32 x 16,384 timing")
     ap.add_argument("--splits", default="1,2,3,4", help="split counts, PV waited per page")
     ap.add_argument("--overlap-splits", default="2,4",
                     help="split counts also timed with the PV MMA left in flight")
+    ap.add_argument("--budget", type=float, default=225.0, help="seconds for all phases")
+    ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a child's one phase
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.phase:  # the child: one phase, its results as JSON
+        SAVE.append(out_dir / f"gluon_mla_check.{args.phase}.json")
+        run_phase(args.phase, args)
+        log(f"phase {args.phase} done")
+        return 0
     t0 = time.time()
-    dev = torch.device("cuda")
-    RESULT["device"] = torch.cuda.get_device_name(dev)
+    RESULT["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     RESULT["versions"] = {"torch": torch.__version__, "triton": triton.__version__}
+    RESULT["phases"] = {}
     log(f"{RESULT['device']} torch {torch.__version__} triton {triton.__version__}")
-    G = gluon_module()
-    if G is not None:
-        check_correctness(G, dev)
-    shapes = [(32, 4096, 128)] if args.quick else [(32, 16384, 128), (32, 4096, 128)]
-    variants = [(int(x), False) for x in args.splits.split(",") if x]
-    variants += [(int(x), True) for x in args.overlap_splits.split(",") if x]
-    time_shapes(G, dev, shapes, variants)
-    if G is not None:
-        compiled_info(G)
-    RESULT["wall_s"] = time.time() - t0
     path = out_dir / "gluon_mla_check.json"
-    path.write_text(json.dumps(RESULT, indent=1, default=str))
+    for phase in PHASES:
+        if args.quick and phase == "time-16k":
+            continue
+        left = args.budget - (time.time() - t0)
+        limit = min(PHASE_LIMIT[phase], left)
+        if limit < 15:
+            RESULT["phases"][phase] = "skipped: out of time"
+            log(f"phase {phase}: skipped, {left:.0f}s left")
+            continue
+        cmd = [sys.executable, __file__, "--phase", phase, "--splits", args.splits,
+               "--overlap-splits", args.overlap_splits]
+        part = out_dir / f"gluon_mla_check.{phase}.json"
+        part.unlink(missing_ok=True)
+        t1 = time.time()
+        try:
+            res = subprocess.run(cmd, timeout=limit, check=False)
+            status = f"rc {res.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {limit:.0f}s (killed: a hang?)"
+        RESULT["phases"][phase] = f"{status}, {time.time() - t1:.0f}s"
+        log(f"phase {phase}: {RESULT['phases'][phase]}")
+        if part.exists():
+            sub = json.loads(part.read_text())
+            for key in ("correctness", "timing", "errors"):
+                RESULT[key] += sub[key]
+            RESULT["compiled"].update(sub["compiled"])
+        elif not status.startswith("rc 0"):
+            RESULT["errors"].append({"where": f"phase {phase}", "error": status})
+        RESULT["wall_s"] = time.time() - t0
+        path.write_text(json.dumps(RESULT, indent=1, default=str))
     log(f"wrote {path} ({RESULT['wall_s']:.0f}s, {len(RESULT['errors'])} errors)")
+    for row in RESULT["timing"]:
+        best = row.get("gluon_best") or {}
+        log(f"SUMMARY {row['shape']}: kdispatch {row.get('kdispatch_us', float('nan')):.1f} us, "
+            f"gluon best {best.get('us', float('nan')):.1f} us (splits {best.get('splits')}, "
+            f"overlap_pv {best.get('overlap_pv')}, {best.get('tflops', float('nan')):.0f} TFLOPS)")
+    bad = [r["case"] for r in RESULT["correctness"] if not r.get("gluon_ok")]
+    log(f"SUMMARY correctness: {len(RESULT['correctness']) - len(bad)} ok, failed: {bad}")
     return 0
 
 
