@@ -14,9 +14,11 @@ page step:
   the same latent tile; the output's 512 columns are split between the two warpgroups
   (each holds a 64 x 256 fp32 accumulator, 128 registers a thread).
 
-The next page's copy is issued as soon as both warpgroups finished the MMAs that read
-its stage (after the score MMA's wait and a CTA barrier), so it overlaps the softmax,
-the PV MMA and the next score MMA.
+The next page's copy goes into the other stage as soon as both warpgroups are done with
+it: by default the PV MMA is waited at the end of each page, so the copy is issued at the
+top of the next one and runs under the whole page's MMAs and softmax; with
+``OVERLAP_PV`` the PV MMA stays in flight into the next page's score MMA (ptxas then
+serializes the wgmmas, C7515) and the copy waits for the score MMA.
 
 A page id outside ``[0, num_pages)`` is never dereferenced: its copy is pointed past the
 end of the cache's row range, which TMA fills with zeros without reading memory, and its
@@ -53,6 +55,19 @@ NUM_WARPS = 8     # two warpgroups
 REDUCE_SPLIT_CHUNK = 8
 #: the compiled stage 1 of the last launch at each split count (registers, spills, smem)
 COMPILED: dict = {}
+
+
+@gluon.jit
+def _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, pred, st, num_pages,
+               oob_row, PAGE: gl.constexpr):
+    """TMA copy of the page holding token ``n0`` into stage ``st`` (when ``pred``); a page
+    id outside ``[0, num_pages)`` is pointed at ``oob_row``: zeros, nothing read."""
+    pg = gl.load(bt_row + n0 // PAGE, mask=pred, other=-1)
+    row = gl.where((pg >= 0) & (pg < num_pages), pg * PAGE, oob_row)
+    bar = ready.index(st)
+    mbarrier.expect(bar, kv_desc.block_type.nbytes + pe_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(kv_desc, [row, 0], bar, kv_smem.index(st), pred=pred)
+    tma.async_copy_global_to_shared(pe_desc, [row, 0], bar, pe_smem.index(st), pred=pred)
 
 
 @gluon.jit
@@ -103,7 +118,6 @@ def _gluon_mla_stage1(
     mbarrier.init(q_bar, count=1)
     fence_async_shared()
 
-    tile_bytes: gl.constexpr = PAGE * (DV + DPE) * 2
     q_row = b * heads + pid_h * BLOCK_H
     mbarrier.expect(q_bar, BLOCK_H * (DV + DPE) * 2)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
@@ -111,13 +125,8 @@ def _gluon_mla_stage1(
 
     # page 0 of the split into stage 0
     has_work = n_tiles > 0
-    pg = gl.load(bt_row + start // PAGE, mask=has_work, other=-1)
-    row = gl.where((pg >= 0) & (pg < num_pages), pg * PAGE, oob_row)
-    mbarrier.expect(ready.index(0), tile_bytes, pred=has_work)
-    tma.async_copy_global_to_shared(kv_desc, [row, 0], ready.index(0), kv_smem.index(0),
-                                    pred=has_work)
-    tma.async_copy_global_to_shared(pe_desc, [row, 0], ready.index(0), pe_smem.index(0),
-                                    pred=has_work)
+    _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, start, has_work, 0,
+               num_pages, oob_row, PAGE)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
     # the row sums stay per element until the end: no cross-warpgroup sum per page
@@ -133,6 +142,10 @@ def _gluon_mla_stage1(
         n0 = start + i * PAGE
         kv = kv_smem.index(st)
         pe = pe_smem.index(st)
+        if not OVERLAP_PV:  # the other stage's MMAs were waited last page: refill it now,
+            gl.thread_barrier()  # under this page's MMAs, once both warpgroups are past them
+            _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + PAGE,
+                       i + 1 < n_tiles, 1 - st, num_pages, oob_row, PAGE)
         mbarrier.wait(ready.index(st), (i // 2) & 1)
         if n0 + PAGE > end:  # the last, partial page: zero V's rows past the length
             rows_z = gl.arange(0, PAGE, layout=gl.SliceLayout(1, zero_l))
@@ -144,17 +157,12 @@ def _gluon_mla_stage1(
             gl.thread_barrier()
         s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), s, is_async=True)
-        # waits this warpgroup's score MMA and its previous PV MMA
+        # waits this warpgroup's score MMA (and its previous PV MMA when that is in flight)
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-        gl.thread_barrier()  # both warpgroups are done with the other stage: refill it
-        nxt = i + 1 < n_tiles
-        pg_n = gl.load(bt_row + (n0 + PAGE) // PAGE, mask=nxt, other=-1)
-        row_n = gl.where((pg_n >= 0) & (pg_n < num_pages), pg_n * PAGE, oob_row)
-        mbarrier.expect(ready.index(1 - st), tile_bytes, pred=nxt)
-        tma.async_copy_global_to_shared(kv_desc, [row_n, 0], ready.index(1 - st),
-                                        kv_smem.index(1 - st), pred=nxt)
-        tma.async_copy_global_to_shared(pe_desc, [row_n, 0], ready.index(1 - st),
-                                        pe_smem.index(1 - st), pred=nxt)
+        if OVERLAP_PV:  # both warpgroups are done with the other stage only now
+            gl.thread_barrier()
+            _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + PAGE,
+                       i + 1 < n_tiles, 1 - st, num_pages, oob_row, PAGE)
 
         pg = gl.load(bt_row + n0 // PAGE)
         ok = (pg >= 0) & (pg < num_pages)
