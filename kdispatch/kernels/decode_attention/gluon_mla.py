@@ -1,0 +1,305 @@
+"""A Gluon stage 1 for absorbed-MLA split-KV decode on sm_90 (prototype, not dispatched).
+
+Issue 18's compute-bound regime: 64 query heads of one request per program (two
+warpgroups, ``num_warps=8``), one latent KV head whose rows are 576 wide (512 latent +
+64 rope; V is the first 512 columns of the same row), bf16, 64-token pages. Per 64-token
+page step:
+
+- the page's latent rows arrive by TMA (two descriptors over the same cache: the 512
+  latent columns and the 64 rope columns) into a 2-stage shared-memory ring with one
+  mbarrier per stage; q (64 x 576) is loaded by TMA once and stays in shared memory;
+- ``S = q_pe k_pe^T + q_lat k_lat^T`` by warpgroup MMA (64 x 64, each warpgroup 32 of
+  the 64 token columns), the online softmax in registers (log2 units);
+- ``P`` (bf16) goes through shared memory and ``O += P V`` by warpgroup MMA reads V from
+  the same latent tile; the output's 512 columns are split between the two warpgroups
+  (each holds a 64 x 256 fp32 accumulator, 128 registers a thread).
+
+The next page's copy goes into the other stage as soon as both warpgroups are done with
+it: by default the PV MMA is waited at the end of each page, so the copy is issued at the
+top of the next one and runs under the whole page's MMAs and softmax; with
+``OVERLAP_PV`` the PV MMA stays in flight into the next page's score MMA (ptxas then
+serializes the wgmmas, C7515) and the copy waits for the score MMA.
+
+A page id outside ``[0, num_pages)`` is never dereferenced: its copy is pointed past the
+end of the cache's row range, which TMA fills with zeros without reading memory, and its
+tokens' scores are -inf. Rows of the last (partial) page past the request's length are
+zeroed in shared memory before the PV MMA (a stale row must not turn ``0 * NaN`` into a
+NaN). The split of a request's tokens and the partials layout (``[B, H, splits, 512]``
+fp32 partial outputs, ``[B, H, splits]`` log2-sum-exp) are those of the Triton stage 1
+with ``BLOCK_N = 64``, so the existing :func:`_decode_reduce` merges them.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kdispatch.kernels.decode_attention.kernels import _decode_reduce
+
+LOG2E = 1.4426950408889634
+BLOCK_H = 64      # query heads per program
+PAGE = 64         # tokens per page = tokens per tile
+DV = 512          # latent (V) columns
+DPE = 64          # rope columns
+NUM_WARPS = 8     # two warpgroups
+REDUCE_SPLIT_CHUNK = 8
+#: the compiled stage 1 of the last launch at each split count (registers, spills, smem)
+COMPILED: dict = {}
+
+
+@gluon.jit
+def _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, pred, st, num_pages,
+               oob_row, PAGE: gl.constexpr):
+    """TMA copy of the page holding token ``n0`` into stage ``st`` (when ``pred``); a page
+    id outside ``[0, num_pages)`` is pointed at ``oob_row``: zeros, nothing read."""
+    pg = gl.load(bt_row + n0 // PAGE, mask=pred, other=-1)
+    row = gl.where((pg >= 0) & (pg < num_pages), pg * PAGE, oob_row)
+    bar = ready.index(st)
+    mbarrier.expect(bar, kv_desc.block_type.nbytes + pe_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(kv_desc, [row, 0], bar, kv_smem.index(st), pred=pred)
+    tma.async_copy_global_to_shared(pe_desc, [row, 0], bar, pe_smem.index(st), pred=pred)
+
+
+@gluon.jit
+def _gluon_mla_stage1(
+    q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL,
+    qk_scale, max_len, num_pages, heads,
+    stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+    NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
+    DV: gl.constexpr, DPE: gl.constexpr, OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr,
+):
+    gl.static_assert(num_warps == 8)
+    gl.static_assert(BLOCK_H == 64)
+    pid_h = gl.program_id(0)
+    split = gl.program_id(1)
+    b = gl.program_id(2)
+
+    # scores: each warpgroup 32 of the 64 token columns; output: each 256 of the 512
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, PAGE // 2, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2)
+    zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+
+    # the request's token range of this split: _split_range with BLOCK_N = PAGE
+    seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
+    chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), PAGE) * PAGE, PAGE)
+    start = split * chunk
+    end = gl.minimum(start + chunk, seq_len)
+    n_tiles = gl.maximum(gl.cdiv(end - start, PAGE), 0)
+    bt_row = BT + b * stride_btb
+    oob_row = num_pages * PAGE  # a copy from here on is all out of bounds: zeros, no read
+
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, DV], smem_l)
+    qpe_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, DPE], smem_l)
+    kv_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, DV], smem_l)
+    pe_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, DPE], smem_l)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, PAGE], smem_l)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(ready.index(0), count=1)
+    mbarrier.init(ready.index(1), count=1)
+    mbarrier.init(q_bar, count=1)
+    fence_async_shared()
+
+    q_row = b * heads + pid_h * BLOCK_H
+    mbarrier.expect(q_bar, BLOCK_H * (DV + DPE) * 2)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
+
+    # page 0 of the split into stage 0
+    has_work = n_tiles > 0
+    _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, start, has_work, 0,
+               num_pages, oob_row, PAGE)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
+    # the row sums stay per element until the end: no cross-warpgroup sum per page
+    l_2d = gl.zeros([BLOCK_H, PAGE], gl.float32, layout=s_layout)
+    # an async MMA's result type from the start, as the loop carries it
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([BLOCK_H, PAGE], gl.float32, layout=s_layout)
+    offs_t = gl.arange(0, PAGE, layout=col_s)
+    mbarrier.wait(q_bar, 0)
+
+    for i in range(n_tiles):
+        st = i % 2
+        n0 = start + i * PAGE
+        kv = kv_smem.index(st)
+        pe = pe_smem.index(st)
+        if not OVERLAP_PV:  # the other stage's MMAs were waited last page: refill it now,
+            gl.thread_barrier()  # under this page's MMAs, once both warpgroups are past them
+            _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + PAGE,
+                       i + 1 < n_tiles, 1 - st, num_pages, oob_row, PAGE)
+        mbarrier.wait(ready.index(st), (i // 2) & 1)
+        if n0 + PAGE > end:  # the last, partial page: zero V's rows past the length
+            rows_z = gl.arange(0, PAGE, layout=gl.SliceLayout(1, zero_l))
+            keep_z = (rows_z < end - n0)[:, None]
+            for c in gl.static_range(DV // 64):
+                part = kv.slice(c * 64, 64, dim=1)
+                part.store(gl.where(keep_z, part.load(zero_l), 0.0))
+            fence_async_shared()
+            gl.thread_barrier()
+        s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s, is_async=True)
+        # waits this warpgroup's score MMA (and its previous PV MMA when that is in flight)
+        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+        if OVERLAP_PV:  # both warpgroups are done with the other stage only now
+            gl.thread_barrier()
+            _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + PAGE,
+                       i + 1 < n_tiles, 1 - st, num_pages, oob_row, PAGE)
+
+        pg = gl.load(bt_row + n0 // PAGE)
+        ok = (pg >= 0) & (pg < num_pages)
+        visible = ((n0 + offs_t) < end) & ok
+        s = gl.where(visible[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_2d = l_2d * alpha[:, None] + p
+        m_i = m_new
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()  # every warp's P is in shared memory before the MMA reads it
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(p_smem, kv, acc, is_async=True)
+        if not OVERLAP_PV:  # an accumulator in flight across the back edge makes ptxas
+            # serialize the wgmmas (C7515); waiting here keeps each chain pipelined
+            acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
+
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.invalidate(ready.index(0))
+    mbarrier.invalidate(ready.index(1))
+    mbarrier.invalidate(q_bar)
+
+    l_i = gl.sum(l_2d, 1)
+    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    rows_o = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+    cols_o = gl.arange(0, DV, layout=col_o)
+    po = (PO + b * stride_pob + split * stride_pos + rows_o[:, None] * stride_poh
+          + cols_o[None, :])
+    gl.store(po, out, mask=has_work & (cols_o[None, :] < DV))
+    rows_s = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
+    gl.store(PL + b * stride_plb + rows_s * stride_plh + split, m_i + gl.log2(l_safe),
+             mask=has_work & (rows_s < heads))
+
+
+def _smem_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
+    """Host checks of :func:`gluon_mla_decode` (ValueError / TypeError naming the problem)."""
+    for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table),
+                    ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 3 or q.shape[2] != DV + DPE:
+        raise ValueError(f"q must be [B, H, {DV + DPE}], got {tuple(q.shape)}")
+    b, h, _ = q.shape
+    if h % BLOCK_H or h == 0:
+        raise ValueError(f"q heads must be a positive multiple of {BLOCK_H}, got {h}")
+    if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
+        raise TypeError(f"q and kv_cache must be bfloat16, got {q.dtype} and {kv_cache.dtype}")
+    if kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != (PAGE, 1, DV + DPE):
+        raise ValueError(f"kv_cache must be [num_pages, {PAGE}, 1, {DV + DPE}], got "
+                         f"{tuple(kv_cache.shape)}")
+    if kv_cache.shape[0] == 0:
+        raise ValueError("kv_cache has no pages")
+    if (kv_cache.stride(3) != 1 or kv_cache.stride(0) != PAGE * kv_cache.stride(1)
+            or (kv_cache.stride(1) * 2) % 16 or kv_cache.data_ptr() % 16):
+        raise ValueError("kv_cache rows must be contiguous, 16-byte aligned, pages packed "
+                         f"(strides {kv_cache.stride()})")
+    if kv_cache.shape[0] * PAGE >= 2**31:
+        raise ValueError("kv_cache has too many rows for 32-bit TMA coordinates")
+    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be int32 [{b}, max_pages], got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table rows must be contiguous")
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != b or seq_lens.dtype != torch.int32:
+        raise ValueError(f"seq_lens must be int32 [{b}], got {seq_lens.dtype} "
+                         f"{tuple(seq_lens.shape)}")
+    if not isinstance(num_kv_splits, int) or num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
+    devs = {t.device for t in (q, kv_cache, block_table, seq_lens)}
+    if len(devs) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+
+
+def descriptors(q, kv_cache):
+    """(q latent, q rope, cache latent, cache rope) TMA descriptors over 2-D row views."""
+    b, h, d = q.shape
+    q2 = q if (q.stride(2) == 1 and q.stride(0) == h * q.stride(1) and q.stride(1) % 8 == 0
+               and q.data_ptr() % 16 == 0) else q.contiguous()
+    q_rows, q_stride = b * h, q2.stride(1)
+    rows, kstride = kv_cache.shape[0] * PAGE, kv_cache.stride(1)
+    lay = _smem_layout()
+    # 1-D views over the rows' extent (rows may be padded: the row strides say how much)
+    flat_q = q2.as_strided(((q_rows - 1) * q_stride + d,), (1,))
+    flat_k = kv_cache.as_strided(((rows - 1) * kstride + d,), (1,))
+    return (TensorDescriptor(flat_q, [q_rows, DV], [q_stride, 1], [BLOCK_H, DV], lay),
+            TensorDescriptor(flat_q[DV:], [q_rows, DPE], [q_stride, 1], [BLOCK_H, DPE], lay),
+            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [PAGE, DV], lay),
+            TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [PAGE, DPE], lay), q2)
+
+
+def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
+                       overlap_pv: bool = False):
+    """(grid, positional args, constexpr kwargs) of the Gluon stage 1."""
+    b, h, _ = q.shape
+    qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
+    args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl, float(scale) * LOG2E,
+            block_table.shape[1] * PAGE, kv_cache.shape[0], h, block_table.stride(0),
+            po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
+    kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": PAGE, "DV": DV,
+          "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS}
+    return (h // BLOCK_H, num_kv_splits, b), args, kw
+
+
+def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_splits: int,
+                     out=None, workspace=None, overlap_pv: bool = False):
+    """Absorbed-MLA decode: the Gluon stage 1, then the existing reduce. Returns ``out``
+    (``[B, H, 512]`` in q's dtype). ``workspace``: an fp32 tensor of at least
+    ``B * H * splits * 513`` elements to reuse (e.g. under graph capture). ``overlap_pv``:
+    leave the PV MMA in flight into the next page's score MMA (ptxas then serializes the
+    wgmmas: which is faster is for the GPU to say)."""
+    check_args(q, kv_cache, block_table, seq_lens, num_kv_splits)
+    b, h, _ = q.shape
+    s = num_kv_splits
+    n_po = b * h * s * DV
+    if workspace is None:
+        workspace = torch.empty(n_po + b * h * s, dtype=torch.float32, device=q.device)
+    po = workspace[:n_po].view(b, h, s, DV)
+    pl = workspace[n_po:n_po + b * h * s].view(b, h, s)
+    if out is None:
+        out = q.new_empty(b, h, DV)
+    grid, args, kw = stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, s, po, pl,
+                                        overlap_pv)
+    COMPILED[(s, bool(overlap_pv))] = _gluon_mla_stage1[grid](*args, **kw)
+    splits_p2 = max(16, 1 << max(0, s - 1).bit_length())
+    _decode_reduce[(h, 1, b)](
+        seq_lens, po, pl, out, 0, block_table.shape[1] * PAGE, seq_lens.stride(0),
+        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+        out.stride(0), 0, out.stride(1),
+        DV=DV, BLOCK_DV=DV, BLOCK_N=PAGE, NUM_KV_SPLITS=s, SPLITS_P2=splits_p2,
+        SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False, QLEN=1,
+        num_warps=4, num_stages=2)
+    return out

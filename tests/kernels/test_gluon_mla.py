@@ -1,0 +1,88 @@
+"""The Gluon MLA stage 1 prototype on the CPU: it imports without a GPU, its launcher checks
+its arguments, and it compiles for sm_90a with no spills inside the shared-memory limit
+(Gluon has no interpreter: its numbers are checked on the GPU by tools/gluon_mla_check.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kdispatch.kernels.decode_attention import gluon_mla as G
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _inputs(b=2, h=64, pages=3, nb=8):
+    q = torch.zeros(b, h, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(nb, 64, 1, 576, dtype=torch.bfloat16)
+    bt = torch.zeros(b, pages, dtype=torch.int32)
+    sl = torch.ones(b, dtype=torch.int32)
+    return q, kv, bt, sl
+
+
+def test_valid_arguments_pass():
+    G.check_args(*_inputs(), 2)
+
+
+@pytest.mark.parametrize("change, exc, words", [
+    (lambda a: (a[0][:, :32], *a[1:]), ValueError, "multiple of 64"),
+    (lambda a: (a[0].float(), *a[1:]), TypeError, "bfloat16"),
+    (lambda a: (a[0][..., :512], *a[1:]), ValueError, "576"),
+    (lambda a: (a[0], a[1][:, :16], *a[2:]), ValueError, "num_pages, 64, 1, 576"),
+    (lambda a: (a[0], a[1].view(8, 64, 2, 288), *a[2:]), ValueError, "num_pages"),
+    (lambda a: (a[0], a[1][:, ::1, :, :].transpose(0, 1).contiguous().transpose(0, 1),
+                *a[2:]), ValueError, "pages packed"),
+    (lambda a: (a[0], a[1], a[2].long(), a[3]), ValueError, "block_table"),
+    (lambda a: (a[0], a[1], a[2][:1], a[3]), ValueError, "block_table"),
+    (lambda a: (a[0], a[1], a[2], a[3][:1]), ValueError, "seq_lens"),
+    (lambda a: (a[0], a[1], a[2], a[3].long()), ValueError, "seq_lens"),
+    (lambda a: (a[0], a[1], a[2], [1, 2]), TypeError, "seq_lens"),
+])
+def test_bad_arguments_are_refused(change, exc, words):
+    with pytest.raises(exc, match=words):
+        G.check_args(*change(_inputs()), 2)
+
+
+@pytest.mark.parametrize("splits", [0, -1, 1.5])
+def test_bad_split_counts_are_refused(splits):
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        G.check_args(*_inputs(), splits)
+
+
+def test_descriptors_cover_the_rows():
+    q, kv, _, _ = _inputs(b=3, h=128, nb=5)
+    qd, qpd, kd, ped, _ = G.descriptors(q, kv)
+    assert (qd.shape, qd.strides, qd.block_shape) == ([384, 512], [576, 1], [64, 512])
+    assert (qpd.shape, qpd.block_shape) == ([384, 64], [64, 64])
+    assert qpd.base.data_ptr() == q.data_ptr() + 512 * 2
+    assert (kd.shape, kd.strides, kd.block_shape) == ([320, 512], [576, 1], [64, 512])
+    assert ped.base.data_ptr() == kv.data_ptr() + 512 * 2
+    # a strided q (a slice of a wider tensor) is copied when its rows are not uniform
+    wide = torch.zeros(3, 128, 640, dtype=torch.bfloat16)
+    assert G.descriptors(wide[..., :576], kv)[0].strides == [640, 1]
+    assert G.descriptors(torch.zeros(3, 256, 576, dtype=torch.bfloat16)[:, ::2],
+                         kv)[0].strides == [1152, 1]
+    heads_major = torch.zeros(128, 3, 576, dtype=torch.bfloat16).transpose(0, 1)
+    qd, _, _, _, q2 = G.descriptors(heads_major, kv)
+    assert qd.strides == [576, 1] and q2.is_contiguous()
+
+
+def test_compiles_for_sm90a_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"),
+                          "--splits", "2"], check=False, capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    reps = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert len(reps) == 2
+    for rep in reps:
+        assert rep["spill_store_bytes"] == 0 and rep["shared_bytes"] <= 227 * 1024, rep
+        assert rep["wgmma"] == 40, rep
+    assert not reps[0]["serialized_wgmma_warning"]

@@ -1,0 +1,106 @@
+"""Compile the Gluon MLA stage 1 (kdispatch/kernels/decode_attention/gluon_mla.py) for sm_90a
+on a machine without a GPU and report ptxas's registers and spills and the shared memory::
+
+    PYTHONPATH=. python tools/gluon_mla_compile.py [--splits 1,2] [--dump DIR]
+
+Prints one JSON line per split count; exits 1 when a compile fails, spills, or needs more
+than the 227 KB of shared memory an sm_90 block may have. Run without TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import triton
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from kdispatch.kernels.decode_attention import gluon_mla as G
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+SMEM_LIMIT = 227 * 1024
+
+
+def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False):
+    """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
+    grid; the descriptors' block shapes, the dtypes and the alignment are what count)."""
+    b, h = 2, 128
+    q = torch.empty(b, h, G.DV + G.DPE, dtype=torch.bfloat16)
+    kv = torch.empty(9, G.PAGE, 1, G.DV + G.DPE, dtype=torch.bfloat16)
+    bt = torch.empty(b, 4, dtype=torch.int32)
+    sl = torch.empty(b, dtype=torch.int32)
+    ws = torch.empty(b * h * splits * (G.DV + 1))
+    po = ws[:b * h * splits * G.DV].view(b, h, splits, G.DV)
+    pl = ws[b * h * splits * G.DV:].view(b, h, splits)
+    _, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, overlap_pv)
+    fn = G._gluon_mla_stage1
+    sig, consts, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in kw:
+            sig[name], consts[name] = "constexpr", kw[name]
+            continue
+        ty, attr = native_specialize_impl(BaseBackend, args[i], False, True, True)
+        sig[name] = ty
+        if ty == "constexpr":
+            consts[name] = attr
+        elif isinstance(attr, str):
+            attrs[(i,)] = BaseBackend.parse_attr(attr)
+    return triton.compile(GluonASTSource(fn, sig, consts, attrs),
+                          target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": kw["num_warps"]})
+
+
+def ptxas_report(kernel, arch: int = 90) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        ptx = Path(d) / "k.ptx"
+        ptx.write_text(kernel.asm["ptx"])
+        res = subprocess.run([str(BIN / "ptxas"), "-v", f"-arch=sm_{arch}a", str(ptx), "-o",
+                              str(Path(d) / "k.cubin")], check=False, capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return {"regs": int(regs.group(1)) if regs else None,
+            "spill_store_bytes": int(spill.group(1)) if spill else None,
+            "shared_bytes": kernel.metadata.shared,
+            "serialized_wgmma_warning": "C7515" in res.stderr,
+            "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"),
+            "bar_sync": kernel.asm["ptx"].count("bar.sync")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--splits", default="1,2")
+    ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
+    args = ap.parse_args()
+    bad = 0
+    for s, ov in ((int(x), ov) for x in args.splits.split(",") for ov in (False, True)):
+        try:
+            k = compile_stage1(s, overlap_pv=ov)
+        except Exception as exc:  # noqa: BLE001 - report, exit 1
+            print(json.dumps({"splits": s, "overlap_pv": ov, "error": str(exc)[:4000]}))
+            bad += 1
+            continue
+        rep = {"splits": s, "overlap_pv": ov, **ptxas_report(k)}
+        print(json.dumps(rep), flush=True)
+        if args.dump:
+            Path(args.dump).mkdir(parents=True, exist_ok=True)
+            (Path(args.dump) / f"stage1_s{s}_ov{int(ov)}.ttgir").write_text(k.asm["ttgir"])
+            (Path(args.dump) / f"stage1_s{s}_ov{int(ov)}.ptx").write_text(k.asm["ptx"])
+        bad += bool(rep["regs"] is None or rep["spill_store_bytes"]
+                    or rep["shared_bytes"] > SMEM_LIMIT)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
