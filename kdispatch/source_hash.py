@@ -33,9 +33,11 @@ _SHARED_PREFIX = "kdispatch.kernels"
 
 
 def _jit_python_fn(obj: Any) -> Callable[..., Any] | None:
-    """The Python function behind a Triton jit function (compiled or interpreted), else None."""
+    """The Python function behind a Triton or Gluon jit function (compiled or interpreted),
+    else None."""
     cls = type(obj).__name__
-    if cls in ("JITFunction", "InterpretedFunction") and callable(getattr(obj, "fn", None)):
+    if (cls in ("JITFunction", "InterpretedFunction", "GluonJITFunction")
+            and callable(getattr(obj, "fn", None))):
         return obj.fn
     return None
 

@@ -92,7 +92,7 @@ def decode_launches(key, config):
     sl = torch.empty(b, dtype=torch.int32)
     scale = torch.ones(1) if kd != q.dtype else None
     window = 64 if key.sliding else None
-    p = decode_launch.checked_plan(config, q, k, v, window, 0.0, scale)
+    p = decode_launch.checked_plan(config, q, k, v, bt, sl, window, 0.0, scale)
     return decode_launch.launches(p, q, k, v, bt, sl, q.new_empty(p.out_shape), 0.1, 0.0,
                                   int(window or 0), scale, scale)
 

@@ -26,7 +26,7 @@ def key(**kw):
 
 def test_registry_returns_spec():
     assert get_op("decode_attention") is SPEC
-    assert len(SPEC.kernels) == 3 and len(SPEC.source_hash()) == 16
+    assert len(SPEC.kernels) == 4 and len(SPEC.source_hash()) == 16
 
 
 def test_plain_key_buckets():

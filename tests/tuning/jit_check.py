@@ -56,7 +56,8 @@ def _launches():
     i = dec.tuning.make_inputs(key, torch.device("cpu"), 0)
     cfg = dec.heuristic(key).model_copy(update={"pdl": False, "merge": False,
                                                 "num_kv_splits": 2})
-    p = dl.checked_plan(cfg, i["q"], i["k_cache"], i["v_cache"], None, 0.0)
+    p = dl.checked_plan(cfg, i["q"], i["k_cache"], i["v_cache"], i["block_table"],
+                        i["seq_lens"], None, 0.0)
     out += dl.launches(p, i["q"], i["k_cache"], i["v_cache"], i["block_table"], i["seq_lens"],
                        i["q"].new_empty(p.out_shape), i["scale"], 0.0, 0)
     return out

@@ -19,6 +19,7 @@ from kdispatch.kernels.decode_attention.kernels import (
     _dequant,
     _dot_operand,
     _merge_if_last,
+    _row_ptrs,
     _scores_scale,
     _softmax_step,
     _split_range,
@@ -118,11 +119,11 @@ def _decode_stage1_latent(
         # page validity makes the async copies wait on the page-id loads, which ptxas then
         # schedules just before them: ~7% at 128 heads); at narrower tiles the loads are
         # masked by page validity (fewer instructions than the pointer select)
-        k_row = K + (page64 * stride_kb + in_page * stride_kp + k_head)
         if ZERO_ROW:
-            k_row = tl.where(readable, k_row, KZ)
+            k_row = _row_ptrs(K, page64, in_page, k_head, readable, stride_kb, stride_kp, KZ)
             load_ok = in_range
         else:
+            k_row = K + (page64 * stride_kb + in_page * stride_kp + k_head)
             load_ok = readable
         kp = k_row[:, None] + offs_c[None, :]
         k0 = tl.load(kp, mask=load_ok[:, None], other=0.0)

@@ -24,7 +24,10 @@ import triton
 from kdispatch import dispatcher as _dispatch
 from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
+from kdispatch.kernels.decode_attention.gluon_mla import _gluon_mla_stage1, stage1_launch_args
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
+from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE, GLUON_ROWS,
+                                                     gluon_config)
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
@@ -73,18 +76,22 @@ class Plan:
     counters_shape: tuple[int, int] | None            # merge arrival counters, or None
     log2e_scale: float                                # multiplies ``scale`` into qk_scale
     capped: bool
+    gluon: bool = False          # stage 1 is the Gluon kernel (always split into partials)
 
 
 def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, shared: bool,
          q_float32: bool, sliding: bool, capped: bool, q_len: int = 1, q4d: bool = False,
-         kv_fp8: bool = False, scaled: bool = False) -> Plan:
+         kv_fp8: bool = False, scaled: bool = False, gluon: bool = False) -> Plan:
     """Kernel choice, grids, constexprs and workspace of ``config`` at these shapes.
 
     ``q_len`` new tokens per request (``q4d``: q and out are 4-D); a tile's rows are the
     ``q_len x group`` (token, head) pairs of one kv head. ``kv_fp8``: the cache is fp8,
     dequantized in the kernel (with the scale tensors when ``scaled``) into fp16 dots
     (``F16_DOTS``, interpreter included: it does fp16 dots right) unless q is fp32.
+    ``gluon``: stage 1 is the Gluon kernel, which always writes partials for the reduce.
     """
+    if gluon:
+        return _gluon_plan(config, b, hq, dv)
     group = hq // hk
     block_h = int(config.block_h)
     head_blocks = triton.cdiv(q_len * group, block_h)
@@ -127,6 +134,26 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         partials_shape=None if direct else (b, hq * q_len, splits, dv),
         counters_shape=(b, hk * head_blocks) if merge else None,
         log2e_scale=1.0 if capped else LOG2E, capped=capped)
+
+
+def _gluon_plan(config: Any, b: int, hq: int, dv: int) -> Plan:
+    """The Gluon stage 1 (64 heads of one request per program) and the reduce."""
+    splits = int(config.num_kv_splits)
+    splits_p2 = max(16, _p2(splits))
+    block_dv, reduce_warps = reduce_shape(hq, dv)
+    return Plan(
+        latent=True, grid=(hq // int(config.block_h), splits, b),
+        constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
+                        PAGE=int(config.block_n), DV=dv, DPE=64, OVERLAP_PV=False),
+        options={"num_warps": int(config.num_warps)},
+        reduce_grid=(hq, triton.cdiv(dv, block_dv), b),
+        reduce_constexprs=dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
+                               NUM_KV_SPLITS=splits, SPLITS_P2=splits_p2,
+                               SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False,
+                               QLEN=1),
+        reduce_options={"num_warps": reduce_warps, "num_stages": 2}, out_shape=(b, hq, dv),
+        partials_shape=(b, hq, splits, dv), counters_shape=None, log2e_scale=LOG2E,
+        capped=False, gluon=True)
 
 
 def _partials_strides(p: Plan) -> tuple[int, ...]:
@@ -214,8 +241,28 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
              v_scale: Any = None, zeros: Any = None) -> list[KernelLaunch]:
     """The plan's launches as data (stage 1, then the reduce when it has one), with a
     freshly allocated workspace (and :func:`zero_row` unless ``zeros`` is given)."""
-    zeros = (zero_row(k_cache, v_cache) if zeros is None else zeros,)
+    zeros = zero_row(k_cache, v_cache) if zeros is None else zeros
     po, pl, cnt = _workspace(p, q)
+    if p.gluon:
+        _, args, _ = stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
+                                        p.constexprs["NUM_KV_SPLITS"], po, pl)
+        out_launches = [KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs, p.options)]
+    else:
+        out_launches = [_triton_stage1(p, q, k_cache, v_cache, block_table, seq_lens, out,
+                                       scale, logit_cap, window, k_scale, v_scale, zeros,
+                                       po, pl, cnt)]
+    if p.reduce_grid is not None:
+        rargs = (seq_lens, po, pl, out,
+                 *reduce_args(p, k_cache, block_table, seq_lens, out, window))
+        out_launches.append(KernelLaunch(_decode_reduce, p.reduce_grid, rargs,
+                                         p.reduce_constexprs or {}, p.reduce_options or {}))
+    return out_launches
+
+
+def _triton_stage1(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+                   scale: float, logit_cap: float, window: int, k_scale: Any, v_scale: Any,
+                   zeros: Any, po: Any, pl: Any, cnt: Any) -> KernelLaunch:
     po_arg = po if po is not None else out
     pl_arg = pl if pl is not None else out
     cnt_arg = cnt if cnt is not None else pl_arg
@@ -224,16 +271,10 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     ks_arg = k_scale if k_scale is not None else seq_lens
     vs_arg = v_scale if v_scale is not None else seq_lens
     args = (q, *kv, block_table, seq_lens, out, po_arg, pl_arg, cnt_arg, ks_arg, vs_arg,
-            *zeros, float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
+            zeros, float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
             *stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, out, window))
     kernel = _decode_stage1_latent if p.latent else _decode_stage1
-    out_launches = [KernelLaunch(kernel, p.grid, args, p.constexprs, p.options)]
-    if p.reduce_grid is not None:
-        rargs = (seq_lens, po, pl, out,
-                 *reduce_args(p, k_cache, block_table, seq_lens, out, window))
-        out_launches.append(KernelLaunch(_decode_reduce, p.reduce_grid, rargs,
-                                         p.reduce_constexprs or {}, p.reduce_options or {}))
-    return out_launches
+    return KernelLaunch(kernel, p.grid, args, p.constexprs, p.options)
 
 
 def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -248,9 +289,31 @@ def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return compiled[0], compiled[1] if len(compiled) > 1 else None
 
 
+def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               block_table: torch.Tensor, seq_lens: torch.Tensor, sliding_window: Any,
+               logit_cap: float, config: Any) -> bool:
+    """Whether this call can run the Gluon stage 1 of ``config``: a GPU (not the
+    interpreter), a bf16 3-D q whose heads fill 64-row tiles, a bf16 latent of 64-token
+    pages whose 576-wide rows are contiguous, 16-byte aligned and packed page after page
+    (TMA copies a page as one box), unit-stride block-table rows and lengths, no window,
+    no logit cap, and the Gluon tile itself."""
+    if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
+        return False
+    if config != gluon_config(int(config.num_kv_splits)):
+        return False
+    rows = k_cache.stride(1)
+    return (q.dim() == 3 and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+            and shares_latent(k_cache, v_cache) and q.shape[1] % GLUON_ROWS == 0
+            and tuple(k_cache.shape[1:]) == (GLUON_PAGE, 1, GLUON_HEAD_DIMS[0])
+            and v_cache.shape[3] == GLUON_HEAD_DIMS[1] and k_cache.stride(3) == 1
+            and k_cache.stride(0) == GLUON_PAGE * rows and rows % 8 == 0
+            and k_cache.data_ptr() % 16 == 0 and k_cache.shape[0] * GLUON_PAGE < 2**31
+            and block_table.stride(1) == 1 and seq_lens.stride(0) == 1)
+
+
 def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, sliding_window: Any, logit_cap: float,
-                  k_scale: Any = None) -> Plan:
+                  v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                  sliding_window: Any, logit_cap: float, k_scale: Any = None) -> Plan:
     split = config.num_kv_splits > 1
     if split and bool(config.pdl) and bool(config.merge):
         raise ValueError("config: pdl and merge exclude each other (merge launches no reduce)")
@@ -259,10 +322,16 @@ def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                          f"newer; {q.device} has none")
     b, q_len, hq, dk = q_dims(q)
     _, page, hk, _ = k_cache.shape
+    gluon = config.kernel == "gluon"
+    if gluon and not gluon_call(q, k_cache, v_cache, block_table, seq_lens, sliding_window,
+                                logit_cap, config):
+        # a call the Gluon tile cannot take (the interpreter, a logit cap, strides TMA
+        # cannot address): the Triton latent stage 1 at the same tile and split count
+        config, gluon = config.model_copy(update={"kernel": "triton"}), False
     return plan(config, b, hq, dk, page, hk, v_cache.shape[3], shares_latent(k_cache, v_cache),
                 q.dtype == torch.float32, sliding_window is not None, logit_cap > 0,
                 q_len, q.dim() == 4, k_cache.dtype in FP8_TORCH_DTYPES,
-                k_scale is not None)
+                k_scale is not None, gluon)
 
 
 def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
@@ -274,7 +343,8 @@ def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     """What :func:`launch_decode_attention` would launch, as data (nothing runs)."""
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
                logit_cap, k_scale, v_scale)
-    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
+    p = checked_plan(config, q, k_cache, v_cache, block_table, seq_lens, sliding_window,
+                     logit_cap, k_scale)
     return launches(p, q, k_cache, v_cache, block_table, seq_lens,
                     q.new_empty(p.out_shape) if out is None else out, scale, logit_cap,
                     int(sliding_window or 0), k_scale, v_scale)
@@ -295,7 +365,8 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     """
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
                logit_cap, k_scale, v_scale)
-    p = checked_plan(config, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
+    p = checked_plan(config, q, k_cache, v_cache, block_table, seq_lens, sliding_window,
+                     logit_cap, k_scale)
     if out is None:
         out = q.new_empty(p.out_shape)
     _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
@@ -390,7 +461,8 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
             "seq_lens": seq_lens, "sliding_window": sliding_window,
             "batch_invariant": batch_invariant}
     cfg, resolved = d.resolve_entry(OP_NAME, args, config)
-    p = checked_plan(cfg, q, k_cache, v_cache, sliding_window, logit_cap, k_scale)
+    p = checked_plan(cfg, q, k_cache, v_cache, block_table, seq_lens, sliding_window,
+                     logit_cap, k_scale)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
     zeros = zero_row(k_cache, v_cache)
@@ -404,7 +476,8 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
         n_po_pad, ws_numel = _partials_layout(p)
         pl_offset = n_po_pad * 4
     stage1 = reduce = None
-    if q.is_cuda:  # make_direct says None where direct launches are off
+    if q.is_cuda and not p.gluon:  # make_direct says None where direct launches are off
+        # (the Gluon stage 1 takes TMA descriptors: every call goes through its JIT)
         kernel = _decode_stage1_latent if p.latent else _decode_stage1
         n_ptr = kernel.arg_names.index("qk_scale")  # the leading pointers
         stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))

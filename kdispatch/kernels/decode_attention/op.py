@@ -12,6 +12,7 @@ from kdispatch.buckets import half_pow2_bucket, pow2_bucket
 from kdispatch.dtypes import CACHE_DTYPES, dtype_name
 from kdispatch.kernels.decode_attention import spec
 from kdispatch.kernels.decode_attention.checks import check_decode_inputs, q_dims
+from kdispatch.kernels.decode_attention.gluon_mla import _gluon_mla_stage1
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.kernels.decode_attention.launch import (
@@ -38,7 +39,7 @@ class DecodeOp(Op):
     key_model = spec.DecodeKey
     config_model = spec.DecodeConfig
     args_model = spec.DecodeArgs
-    kernels = (_decode_stage1, _decode_stage1_latent, _decode_reduce)
+    kernels = (_decode_stage1, _decode_stage1_latent, _gluon_mla_stage1, _decode_reduce)
     launch_code = (checked_plan, launches)
     table_dirs: tuple[str | Path, ...] = ()
     tuning = DecodeTuning()

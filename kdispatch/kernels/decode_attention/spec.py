@@ -10,9 +10,9 @@ a 4-D q: speculative decoding, multi-token prediction), both host-known and grap
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name, is_fp8, itemsize
 from kdispatch.kernels._common import pdl_capable
@@ -111,6 +111,10 @@ LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
 #: more splits lose badly (kimi b1 x 65,536: 165 vs 39 us). GQA grids lost 1-3% with it at
 #: 2-8 splits and keep the reduce kernel.
 MERGE_MAX_SPLITS_LATENT = 4
+#: the Gluon stage 1's shape: (head dim, v head dim), page = tile tokens, rows per program
+GLUON_HEAD_DIMS = (576, 512)
+GLUON_PAGE = 64
+GLUON_ROWS = 64
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
 
@@ -210,6 +214,18 @@ class DecodeConfig(OpConfig):
     pdl: bool = False
     #: no reduce kernel: the last stage-1 program of a request merges the splits (splits > 1)
     merge: bool = False
+    #: the stage-1 kernel: ``"triton"``, or ``"gluon"`` (Hopper's warpgroup MMA and TMA page
+    #: copies, for the 64-row MLA tiles that :func:`gluon_fits` names)
+    kernel: Literal["triton", "gluon"] = "triton"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """``kernel`` is left out at its default, so a Triton config serializes (and its
+        stored digest stays) as before the field existed."""
+        data = handler(self)
+        if data.get("kernel") == "triton":
+            del data["kernel"]
+        return data
 
     @field_validator("block_n")
     @classmethod
@@ -316,6 +332,12 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) 
 
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
+    if gluon_fits(key):
+        # H200, session 12 (128 heads, 64-token pages): 328 us at b32 x 16k (2 splits)
+        # against 563 us for the Triton tile; 95 vs 166 us at b32 x 4k
+        cfg = gluon_config(split_count(key, GLUON_ROWS, GLUON_PAGE, 8))
+        if is_valid(key, cfg):
+            return cfg
     if key.latent:
         block_n, warps, stages = latent_tile(key, block_h)
         splits = split_count(key, block_h, block_n, warps)
@@ -344,7 +366,27 @@ def baseline(key: DecodeKey) -> DecodeConfig:
     return heuristic(key).model_copy(update={"num_kv_splits": 1, "pdl": False, "merge": False})
 
 
+def gluon_fits(key: DecodeKey) -> bool:
+    """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: absorbed MLA with a
+    576/512 latent on 64-token pages, bf16, one query token, heads in whole 64-row tiles,
+    on an NVIDIA Hopper GPU (warpgroup MMA, TMA)."""
+    return (key.latent and key.vendor == "nvidia" and key.arch == "sm_90"
+            and key.head_dim == GLUON_HEAD_DIMS[0] and key.head_dim_v == GLUON_HEAD_DIMS[1]
+            and key.page_size == GLUON_PAGE and key.dtype == "bfloat16"
+            and key.kv_dtype == "bfloat16" and key.q_len == 1
+            and key.num_q_heads % GLUON_ROWS == 0 and not key.sliding)
+
+
+def gluon_config(splits: int) -> DecodeConfig:
+    """The Gluon stage 1's config at ``splits`` (its tile is fixed: 64 rows, 64 tokens)."""
+    return DecodeConfig(kernel="gluon", num_kv_splits=splits, block_n=GLUON_PAGE,
+                        block_h=GLUON_ROWS, num_warps=8, num_stages=2)
+
+
 def is_valid(key: DecodeKey, config: DecodeConfig) -> bool:
+    if config.kernel == "gluon":
+        return (gluon_fits(key) and config == gluon_config(config.num_kv_splits)
+                and workspace_bytes(key, config.num_kv_splits) <= WORKSPACE_BUDGET)
     if config.block_h > max(16, p2(key.rows)):
         return False
     if config.pdl and (config.num_kv_splits == 1 or not pdl_capable(key)):

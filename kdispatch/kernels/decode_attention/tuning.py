@@ -65,6 +65,12 @@ class DecodeTuning(OpTuning):
                         steps = (sr > 0) + (ti > 0) + (bh != h.block_h)
                         rank = (cfg != h, steps > 1, sr + ti + (bh != h.block_h), ti)
                         out.append((rank, cfg))
+        if spec.gluon_fits(key):  # the Gluon tile at every split count, after the heuristic
+            for s in splits:
+                cfg = spec.gluon_config(s)
+                if cfg not in seen and spec.is_valid(key, cfg):
+                    seen.add(cfg)
+                    out.append(((cfg != h, False, split_rank[s] if s != 1 else 99, 0), cfg))
         out.sort(key=lambda rc: rc[0])
         chosen = [c for _, c in out[:spec.MAX_CANDIDATES]]
         base = spec.baseline(key)

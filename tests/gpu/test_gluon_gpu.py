@@ -1,0 +1,130 @@
+"""The Gluon MLA stage 1 (``kernel="gluon"``) through the public op on the H200: graph
+capture and replay over ragged lengths and new page tables, bits stable run to run and
+batch invariant, page ids outside the cache never read, and the calls it cannot take
+falling back to the Triton tile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kdispatch
+from kdispatch.kernels.decode_attention import reference_decode_attention
+from kdispatch.kernels.decode_attention.launch import checked_plan
+from kdispatch.kernels.decode_attention.spec import DecodeConfig
+
+pytestmark = pytest.mark.gpu
+
+PAGE, DK, DV = 64, 576, 512
+# visible lengths around page (64) and tile boundaries, up to a long request
+RAGGED = [[1, 63, 64, 65, 127, 128, 129, 16384],
+          [4095, 4096, 4097, 8191, 8192, 8193, 12000, 16383]]
+
+
+def _close(out, ref, tol=2e-2):
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def _inputs(b, hq, ctx, seed, extra_pages=5):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages = -(-ctx // PAGE)
+    nb = b * pages + extra_pages
+    k = torch.randn(nb, PAGE, 1, DK, device="cuda", generator=g).to(torch.bfloat16)
+    q = torch.randn(b, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
+    bt = torch.randperm(nb, device="cuda", generator=g)[:b * pages].view(b, pages).int()
+    return q, k, k[..., :DV], bt, g
+
+
+def test_heuristic_picks_gluon_and_graph_replays_ragged_lengths_and_tables():
+    b, hq, ctx = 8, 128, 16384
+    q, k, v, bt, g = _inputs(b, hq, ctx, 0)
+    sl = torch.full((b,), 100, dtype=torch.int32, device="cuda")
+    cfg = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
+                            seq_lens=sl)
+    assert cfg.kernel == "gluon", cfg
+    scale = DK ** -0.5
+    out = torch.empty(b, hq, DV, device="cuda", dtype=torch.bfloat16)
+    call = lambda: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, out=out)  # noqa
+    call()  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for i, lens in enumerate(RAGGED * 2):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        if i >= 2:
+            bt.copy_(torch.randperm(k.shape[0], device="cuda", generator=g)[:bt.numel()]
+                     .view_as(bt).int())
+        q.normal_(generator=g)
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out, reference_decode_attention(q, k, v, bt, sl, scale=scale))
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 4])
+def test_bits_stable_and_batch_invariant(splits):
+    b, hq, ctx = 12, 128, 8192
+    q, k, v, bt, g = _inputs(b, hq, ctx, splits)
+    sl = torch.randint(1, ctx + 1, (b,), device="cuda", generator=g, dtype=torch.int32)
+    kw = dict(scale=DK ** -0.5, config={"kernel": "gluon", "num_kv_splits": splits,
+                                        "block_n": 64, "block_h": 64, "num_warps": 8,
+                                        "num_stages": 2})
+    first = kdispatch.decode_attention(q, k, v, bt, sl, **kw)
+    assert torch.equal(first, kdispatch.decode_attention(q, k, v, bt, sl, **kw))
+    for r in (0, 5, b - 1):
+        alone = kdispatch.decode_attention(q[r:r + 1], k, v, bt[r:r + 1], sl[r:r + 1], **kw)
+        assert torch.equal(first[r:r + 1], alone)
+    _close(first, reference_decode_attention(q, k, v, bt, sl, scale=DK ** -0.5))
+
+
+@pytest.mark.parametrize("bad", [-1, "nb", 10 ** 6, 2 ** 30])
+def test_page_ids_outside_the_cache_contribute_nothing(bad):
+    """The cache sits between NaN guard pages: a read outside it would show."""
+    b, hq, pages = 3, 64, 4
+    nb = b * pages
+    g = torch.Generator(device="cuda").manual_seed(11)
+    buf = torch.full((nb + 6, PAGE, 1, DK), float("nan"), device="cuda", dtype=torch.bfloat16)
+    k = buf[3:3 + nb]
+    k.copy_(torch.randn(nb, PAGE, 1, DK, device="cuda", generator=g))
+    q = torch.randn(b, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
+    bt = torch.randperm(nb, device="cuda", generator=g).view(b, pages).int()
+    value = {"nb": nb}.get(bad, bad)
+    bt[0, 1] = value  # a middle page
+    bt[1, :] = value  # every page: nothing to attend to
+    bt[2, 3] = value  # the last, partial page
+    sl = torch.tensor([pages * PAGE, 200, pages * PAGE - 10], dtype=torch.int32, device="cuda")
+    out = kdispatch.decode_attention(q, k, k[..., :DV], bt, sl, scale=DK ** -0.5,
+                                     config={"kernel": "gluon", "num_kv_splits": 2,
+                                             "block_n": 64, "block_h": 64, "num_warps": 8,
+                                             "num_stages": 2})
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    ok = (bt >= 0) & (bt < nb)
+    for i in (0, 2):  # the reference over the tokens of pages inside the cache
+        tokens = torch.arange(int(sl[i]), device="cuda")
+        tokens = tokens[ok[i][tokens // PAGE]]
+        kk = k[bt[i][tokens // PAGE].long(), tokens % PAGE, 0].float()
+        p = torch.softmax(q[i].float() @ kk.T * DK ** -0.5, -1)
+        _close(out[i], p @ kk[:, :DV])
+    assert out[1].abs().max() == 0  # no readable page: zeros, as the Triton tiles give
+
+
+def test_calls_the_gluon_tile_cannot_take_run_the_triton_tile():
+    b, hq, ctx = 2, 64, 1024
+    q, k, v, bt, g = _inputs(b, hq, ctx, 5)
+    sl = torch.tensor([1000, 65], dtype=torch.int32, device="cuda")
+    cfg = {"kernel": "gluon", "num_kv_splits": 2, "block_n": 64, "block_h": 64,
+           "num_warps": 8, "num_stages": 2}
+    gcfg = DecodeConfig(**cfg)
+    assert checked_plan(gcfg, q, k, v, bt, sl, None, 0.0).gluon
+    assert not checked_plan(gcfg, q, k, v, bt, sl, None, 30.0).gluon  # a logit cap
+    assert not checked_plan(gcfg, q, k, v, bt[:, ::1].t().contiguous().t(), sl, None,
+                            0.0).gluon  # block-table rows not unit-stride
+    out = kdispatch.decode_attention(q, k, v, bt, sl, scale=DK ** -0.5, logit_cap=30.0,
+                                     config=cfg)
+    _close(out, reference_decode_attention(q, k, v, bt, sl, scale=DK ** -0.5,
+                                           logit_cap=30.0))

@@ -1,0 +1,93 @@
+"""The Gluon stage 1 as a dispatch choice (``DecodeConfig.kernel``), on the CPU: which keys
+it serves, what the heuristic and the tuner pick, how its config serializes, and how a
+call it cannot take (here: the interpreter) runs the Triton tile instead."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdispatch.device import Device
+from kdispatch.kernels.decode_attention import reference_decode_attention, spec
+from kdispatch.kernels.decode_attention.launch import checked_plan, launch_decode_attention
+from kdispatch.registry import get_op
+from kdispatch.store import digest
+
+OP = get_op("decode_attention")
+H200 = Device.from_key("nvidia-h200")
+DP = dict(batch=32, context=16384, num_q_heads=128, num_kv_heads=1, head_dim=576,
+          head_dim_v=512, page_size=64, dtype="bfloat16")
+
+
+def _key(device=H200, **change):
+    return OP.key(device, OP.plain_args({**DP, **change}))
+
+
+def test_the_heuristic_takes_the_gluon_tile_for_128_heads_on_64_token_pages():
+    h = OP.heuristic(_key())
+    assert h == spec.gluon_config(2)  # 32 x 2 head blocks x 2 splits: one program per SM
+    assert OP.heuristic(_key(batch=128)) == spec.gluon_config(1)
+    assert OP.heuristic(_key(num_q_heads=64)).kernel == "gluon"
+
+
+@pytest.mark.parametrize("change", [
+    dict(kv_dtype="float8_e4m3fn"), dict(q_len=2), dict(page_size=16),
+    dict(num_q_heads=16), dict(num_q_heads=96), dict(head_dim=128, head_dim_v=128,
+                                                     num_kv_heads=8)])
+def test_keys_the_gluon_tile_does_not_serve_keep_the_triton_tiles(change):
+    key = _key(**change)
+    assert not spec.gluon_fits(key)
+    assert OP.heuristic(key).kernel == "triton"
+    assert not spec.is_valid(key, spec.gluon_config(2))
+    assert all(c.kernel == "triton" for c in OP.tuning.candidates(key))
+
+
+def test_other_devices_never_get_the_gluon_tile():
+    for dev in (Device.from_key("cpu-interpreter"), Device.from_key("amd-mi300x"),
+                Device.from_key("nvidia-a100")):
+        key = _key(device=dev)
+        assert not spec.gluon_fits(key) and OP.heuristic(key).kernel == "triton"
+
+
+def test_the_gluon_tile_is_fixed_and_the_tuner_times_it_at_every_split_count():
+    key = _key()
+    for change in (dict(pdl=True), dict(merge=True), dict(block_n=32), dict(num_warps=4),
+                   dict(num_stages=3), dict(block_h=32)):
+        assert not spec.is_valid(key, spec.gluon_config(2).model_copy(update=change)), change
+    cands = OP.tuning.candidates(key)
+    assert cands[0] == spec.gluon_config(2)
+    gluon = [c.num_kv_splits for c in cands if c.kernel == "gluon"]
+    assert {1, 2, 4} <= set(gluon) and len(gluon) == len(set(gluon))
+    # the Triton tile at the heuristic's split count is timed beside it
+    assert any(c.kernel == "triton" and c.block_h == 64 and c.num_kv_splits == 2
+               for c in cands[:3])
+
+
+def test_a_triton_config_serializes_as_before_the_kernel_field():
+    cfg = spec.DecodeConfig(num_kv_splits=8, block_n=32, block_h=16, num_stages=3)
+    dumped = cfg.model_dump(mode="json")
+    assert "kernel" not in dumped and "kernel" not in cfg.model_dump_json()
+    assert digest(dumped) == digest({"num_warps": 4, "num_kv_splits": 8, "block_n": 32,
+                                     "block_h": 16, "num_stages": 3, "pdl": False,
+                                     "merge": False})
+    g = spec.gluon_config(3)
+    assert g.model_dump(mode="json")["kernel"] == "gluon"
+    assert spec.DecodeConfig.model_validate_json(g.model_dump_json()) == g
+    with pytest.raises(ValueError, match="kernel"):
+        spec.DecodeConfig(kernel="cuda")
+
+
+def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly():
+    g = torch.Generator().manual_seed(0)
+    b, hq, nb = 2, 64, 6
+    k = torch.randn(nb, 64, 1, 576, generator=g).to(torch.bfloat16)
+    v = k[..., :512]
+    q = torch.randn(b, hq, 576, generator=g).to(torch.bfloat16)
+    bt = torch.tensor([[4, 1, 0], [2, 5, -1]], dtype=torch.int32)
+    sl = torch.tensor([129, 65], dtype=torch.int32)
+    cfg = spec.gluon_config(2)
+    p = checked_plan(cfg, q, k, v, bt, sl, None, 0.0)
+    assert not p.gluon and p.latent and p.grid == (1, 2, b)
+    out = launch_decode_attention(cfg, q, k, v, bt, sl, scale=576 ** -0.5)
+    ref = reference_decode_attention(q, k, v, bt, sl, scale=576 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
