@@ -97,34 +97,44 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
                                  param_hint="--compile-workers")
     cap, mode = _cap(max_candidates)
     with domain_errors():
-        from kdispatch.tuning import parallel, sweep
-        from kdispatch.tuning.ahead import CompileSettings, open_pool
-        from kdispatch.tuning.devices import input_budget
-        from kdispatch.tuning.estimate import SpaceRule
-        from kdispatch.tuning.throughput import process_age
+        # the compile pool (and the workers of several devices) start before this process
+        # imports torch and the tuner (seconds), so their start-up overlaps it
+        from kdispatch.tuning.devices import is_multi_device
+        from kdispatch.tuning.pool_settings import CompileSettings, open_pool
 
-        space = SpaceRule(mode, budget_minutes)
-        plan = {"presets": names, "ops": op_list or None, "from_misses": from_misses,
-                "max_candidates": cap, "space": space}
-        run = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": from_misses}
         settings = CompileSettings(workers=compile_workers)
+        run = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": from_misses}
         ui = _Reporter(console())
+        if ray_address is None and is_multi_device(device):
+            from kdispatch.tuning.workers import start_devices
+
+            with start_devices(device, settings) as started:
+                from kdispatch.tuning import parallel
+
+                runs, results = parallel.tune_devices(
+                    device, open_store(db), _plan(names, op_list, from_misses, cap, mode,
+                                                  budget_minutes),
+                    {**run, "compile_settings": settings}, ui, started=started)
+                # printed while the workers exit (their processes are joined after it)
+                return ui.finish(runs, results, budget_minutes)
         if ray_address is not None:  # each task compiles its own kernels at launch
             from kdispatch.tuning import ray_runner
 
-            runs, results = ray_runner.tune_cluster(device, ray_address or None, shards,
-                                                    max_retries, open_store(db), plan, run, ui)
+            runs, results = ray_runner.tune_cluster(
+                device, ray_address or None, shards, max_retries, open_store(db),
+                _plan(names, op_list, from_misses, cap, mode, budget_minutes), run, ui)
             return ui.finish(runs, results, budget_minutes)
-        if parallel.is_multi_device(device):
-            runs, results = parallel.tune_devices(device, open_store(db), plan,
-                                                  {**run, "compile_settings": settings}, ui)
-            return ui.finish(runs, results, budget_minutes)
-        # the pool starts first: its processes import while torch, the GPU and the keys
-        # are set up here (the interpreter, on a cpu device, compiles nothing ahead)
+        # the interpreter, on a cpu device, compiles nothing ahead
         interpreter = device.strip().lower() in ("cpu", "interpreter", "cpu-interpreter")
         with open_pool(settings, interpreter=interpreter) as pool:
+            from kdispatch.tuning import parallel, sweep
+            from kdispatch.tuning.devices import input_budget
+            from kdispatch.tuning.estimate import SpaceRule
+            from kdispatch.tuning.throughput import process_age
+
             dev, tdev = sweep.resolve_device(device)
             store = open_store(db)
+            plan = _plan(names, op_list, from_misses, cap, mode, budget_minutes)
             plan["space"] = SpaceRule(mode, budget_minutes, settings.workers_for(
                 1, dev.is_interpreter))
             targets, notes = parallel.plan_targets(store, dev, **plan,
@@ -141,6 +151,15 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
         ui.report(result.measured, result.skipped, f"run {result.run_id}",
                   result.stopped == "budget", budget_minutes)
         ui.throughput(result.throughput)
+
+
+def _plan(names: list[str], ops: list[str], from_misses: bool, cap: int | None, mode: Any,
+          budget_minutes: float | None) -> dict[str, Any]:
+    """Keyword arguments of :func:`~kdispatch.tuning.parallel.plan_targets`."""
+    from kdispatch.tuning.estimate import SpaceRule
+
+    return {"presets": names, "ops": ops or None, "from_misses": from_misses,
+            "max_candidates": cap, "space": SpaceRule(mode, budget_minutes)}
 
 
 def _cap(value: str | None) -> tuple[int | None, Any]:

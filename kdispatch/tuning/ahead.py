@@ -36,19 +36,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kdispatch.store import MeasurementIn
-from kdispatch.tuning.compile_pool import CompilePool, PoolStats
+from kdispatch.tuning.compile_pool import PoolStats
 from kdispatch.tuning.inputs import storage_bytes
-from kdispatch.tuning.precompile import (DEFAULT_COMPILER, LaunchSpec, Outcome, Target,
-                                         current_target, default_workers, describe)
+from kdispatch.tuning.pool_settings import CompileSettings, open_pool
+from kdispatch.tuning.precompile import LaunchSpec, Outcome, Target, current_target, describe
 from kdispatch.tuning.throughput import Throughput
 
 log = logging.getLogger(__name__)
+
+__all__ = ["AheadStats", "CompileAhead", "CompileSettings", "Pool", "Ready", "open_pool",
+           "rejected_row"]
 
 #: how often a waiting sweep reports progress
 POLL_S = 0.25
@@ -70,54 +72,6 @@ class Pool(Protocol):
              ) -> dict[str, Outcome]: ...
 
     def stats(self) -> PoolStats | None: ...
-
-
-@dataclass(frozen=True)
-class CompileSettings:
-    """How a tuning run compiles ahead (picklable: it travels to worker processes).
-
-    Attributes
-    ----------
-    workers : int or None
-        Pool processes; None sizes the pool to the CPU cores less one per timing process;
-        0 turns compiling ahead off.
-    compiler : str
-        ``"module:function"`` of the pool's compiler (tests pass a fake).
-    target : tuple or None
-        (backend, arch, warp size) to compile for; None: the timing GPU's own target, and
-        nothing under the Triton interpreter (which compiles nothing).
-    """
-
-    workers: int | None = None
-    compiler: str = DEFAULT_COMPILER
-    target: Target | None = None
-
-    def pool_size(self, timing_processes: int = 1) -> int:
-        if self.workers is None:
-            return default_workers(timing_processes)
-        return max(0, self.workers)
-
-    def applies(self, interpreter: bool) -> bool:
-        """Whether a run on these devices compiles ahead at all."""
-        return self.workers != 0 and (not interpreter or self.target is not None)
-
-    def workers_for(self, timing_processes: int, interpreter: bool) -> int:
-        """Pool processes a run of ``timing_processes`` workers gets (0: no pool)."""
-        return self.pool_size(timing_processes) if self.applies(interpreter) else 0
-
-
-@contextmanager
-def open_pool(settings: CompileSettings | None, *, interpreter: bool,
-              timing_processes: int = 1) -> Iterator[CompilePool | None]:
-    """A :class:`CompilePool` for ``settings`` (closed on exit), or None when off."""
-    if settings is None or not settings.applies(interpreter):
-        yield None
-        return
-    pool = CompilePool(settings.pool_size(timing_processes), compiler=settings.compiler)
-    try:
-        yield pool
-    finally:
-        pool.close()
 
 
 @dataclass(frozen=True)

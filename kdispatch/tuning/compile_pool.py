@@ -1,7 +1,8 @@
 """A pool of compiler processes that warms the shared Triton cache ahead of the timing.
 
-:class:`CompilePool` starts ``workers`` spawned processes (never forked: a timing process
-holds a CUDA context) and feeds them :class:`~kdispatch.tuning.precompile.LaunchSpec` items
+:class:`CompilePool` starts ``workers`` processes (forked from a fork server or spawned,
+never forked from the owner, whose timing may hold a CUDA context:
+:mod:`kdispatch.tuning.pool_start`) and feeds them :class:`~kdispatch.tuning.precompile.LaunchSpec` items
 first in, first out, each variant once (items are keyed by the spec's digest; a second
 submit of a key only adds a callback). Every process has its own pipe, so a process that
 dies (killed, out of memory, a compiler crash) takes nothing down with it: the dispatcher
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
+from kdispatch.tuning.pool_start import pool_context
 from kdispatch.tuning.precompile import (DEFAULT_COMPILER, LaunchSpec, Outcome, load_compiler,
                                          warm_up)
 
@@ -65,8 +67,13 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
-def serve(conn: Any, compiler_path: str) -> None:
-    """A pool process: compile what arrives on ``conn`` until None or the pipe closes."""
+def serve(conn: Any, compiler_path: str, env: dict[str, str] | None = None) -> None:
+    """A pool process: compile what arrives on ``conn`` until None or the pipe closes.
+
+    ``env``: the owner's environment (a fork server's child has the server's, maybe older)."""
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     os.environ.pop("TRITON_INTERPRET", None)  # compiling needs compiled-mode jit functions
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -108,22 +115,25 @@ class CompilePool:
     Parameters
     ----------
     workers : int
-        Processes (at least 1); they start at once, so their imports (torch, Triton's
-        compiler, the built-in ops with the default compiler) overlap the caller's work.
+        Processes (at least 1); the pool's thread starts them at once, one after another
+        (the caller never waits for them), so their imports (torch, Triton's compiler, the
+        built-in ops with the default compiler) overlap the caller's work.
     compiler : str
         ``"module:function"`` taking a LaunchSpec and returning an Outcome (tests pass a
         fake; the default compiles with Triton).
     max_attempts : int
         Processes an item may kill before it is recorded as a failed compile.
+    context : multiprocessing context, optional
+        Where processes start from (default: :func:`~kdispatch.tuning.pool_start.
+        pool_context`, a preloaded fork server where there is one).
     """
 
     def __init__(self, workers: int, *, compiler: str = DEFAULT_COMPILER,
-                 max_attempts: int = 2):
-        import multiprocessing as mp
-
+                 max_attempts: int = 2, context: Any = None):
         if workers < 1:
             raise ValueError(f"workers: need at least 1, got {workers}")
-        self._ctx = mp.get_context("spawn")
+        self._ctx = context if context is not None else pool_context()
+        self._env = dict(os.environ)
         self.workers = workers
         self._compiler = compiler
         self._max_attempts = max_attempts
@@ -143,8 +153,6 @@ class CompilePool:
         self._t_last: float | None = None
         self._stats = PoolStats(workers=workers)
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
-        for _ in range(workers):
-            self._spawn()
         self._thread = threading.Thread(target=self._run, name="kdispatch-compile-pool",
                                         daemon=True)
         self._thread.start()
@@ -249,12 +257,20 @@ class CompilePool:
             pass
 
     def _spawn(self) -> None:
+        """Start one process (in the pool's thread, without the lock: the first start from a
+        fork server waits for the server's imports)."""
         mine, theirs = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=serve, args=(theirs, self._compiler),
+        proc = self._ctx.Process(target=serve, args=(theirs, self._compiler, self._env),
                                  name="kdispatch-compile", daemon=True)
-        proc.start()
-        theirs.close()
-        self._procs.append(_Proc(proc, mine))
+        try:
+            proc.start()
+        finally:
+            theirs.close()
+        with self._cond:
+            self._procs.append(_Proc(proc, mine))
+
+    def _short(self) -> bool:  # start a process now? (lock held)
+        return not self._closed and self._broken is None and len(self._procs) < self.workers
 
     def _drain(self) -> None:
         """Run the callbacks of outcomes recorded so far (never with the lock held)."""
@@ -293,9 +309,12 @@ class CompilePool:
                     if self._closed:
                         return
                     self._assign()
+                    short = self._short()
                     watch = [self._wake_r] + [p.conn for p in self._procs] \
                         + [p.process.sentinel for p in self._procs]
-                ready = wait(watch, timeout=1.0)
+                if short:  # one at a time, reading what the started ones sent in between
+                    self._spawn()
+                ready = wait(watch, timeout=0 if short else 1.0)
                 with self._cond:
                     if self._wake_r in ready:
                         while self._wake_r.poll():
@@ -369,7 +388,6 @@ class CompilePool:
                 return
         self._stats.restarts += 1
         log.info("a compile process exited (code %s); starting another", code)
-        self._spawn()
 
     def _give_up(self, reason: str) -> None:
         """No more compiling: every item not done is skipped (lock held)."""

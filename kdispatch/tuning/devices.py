@@ -98,3 +98,59 @@ def resolve_device(name: str) -> tuple[Device, Any]:
         tdev = torch.device("cuda", index)
         return Device.from_torch(tdev), tdev
     raise TuningError(f"device {name!r}: expected cpu, auto or cuda:N")
+
+
+# -- device lists (--device all / cuda:0,cuda:1 / cpu,cpu) ------------------------------------
+def is_multi_device(spec: str) -> bool:
+    """Whether ``--device`` names several devices (``all`` or a comma-separated list)."""
+    return spec.strip().lower() == "all" or "," in spec
+
+
+def parse_devices(spec: str) -> list[str]:
+    """Worker device names for ``--device all`` / ``cuda:0,cuda:1`` / ``cpu,cpu``.
+
+    Parameters
+    ----------
+    spec : str
+        ``"all"`` (every CUDA/HIP device of this host) or a comma-separated list of
+        ``cuda:N`` (each at most once) or of ``cpu`` (any number of interpreter workers).
+
+    Returns
+    -------
+    list of str
+        Normalized names, ``"cuda:N"`` or ``"cpu"``.
+
+    Raises
+    ------
+    TuningError
+        No GPU for ``all``, an unknown or repeated GPU, or CPU and GPU mixed.
+    """
+    spec = spec.strip().lower()
+    if spec == "all":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise TuningError("--device all: no CUDA/HIP GPU is available here; use "
+                              "--device cpu,cpu to exercise the multi-process path")
+        return [f"cuda:{i}" for i in range(count)]
+    names = []
+    for raw in (p.strip() for p in spec.split(",")):
+        if not raw:
+            continue
+        if raw in ("cpu", "interpreter", "cpu-interpreter"):
+            names.append("cpu")
+        elif raw.startswith("cuda:") and raw[5:].isdigit():
+            names.append(f"cuda:{int(raw[5:])}")
+        else:
+            raise TuningError(f"device {raw!r}: expected cpu or cuda:N in a device list")
+    if not names:
+        raise TuningError(f"--device {spec!r}: no devices named")
+    if "cpu" in names and len(set(names)) > 1:
+        raise TuningError("--device: do not mix cpu (the Triton interpreter) and GPUs in one "
+                          "run; tune them separately")
+    gpus = [n for n in names if n != "cpu"]
+    if len(set(gpus)) != len(gpus):
+        raise TuningError("--device: a GPU is listed twice; two tuners on one GPU would "
+                          "disturb each other's timings")
+    return names

@@ -9,10 +9,9 @@ Compiling ahead, the host has one compile pool, owned by the :func:`run_local` p
 workers submit their candidates' kernels up their event queue and get the outcomes back on
 a queue of their own (:class:`~kdispatch.tuning.remote_pool.RemotePool`). The pool compiles
 each variant once whoever asked first, so two GPUs never compile one kernel twice and the
-CPU cores are shared by whichever GPU needs them now (a per-worker pool would split the
-cores in fixed halves and compile variants both workers need twice). The claim register
-also records which keys a worker has fed to the pool ahead (:data:`FED`), so the workers
-feed it each key once, in the key order they claim keys in.
+CPU cores go to whichever GPU needs them now. The claim register also records which keys a
+worker has fed to the pool ahead (:data:`FED`): the workers feed it each key once, in the
+key order they claim keys in.
 """
 
 from __future__ import annotations
@@ -196,10 +195,8 @@ def _describe(exc: BaseException) -> str:
 def _worker(job: Job, db_url: str, options: dict[str, Any], extra: bytes, events: Any,
             claims: Any = None, replies: Any = None, pool_workers: int = 1,
             offset: int = 0, timeline: dict[str, Any] | None = None) -> None:
-    """Process entry (spawn): tune one shard, forwarding progress and the outcome.
-
-    ``timeline``: when the worker was started and ready (seconds from the run's start, see
-    :mod:`kdispatch.tuning.workers`), added to its throughput figures."""
+    """Process entry: tune one shard, forwarding progress and the outcome (``timeline``:
+    when the worker started and was ready, added to its throughput figures)."""
     def progress(p: Progress) -> None:
         events.put(("progress", job.index, p))
 
@@ -284,8 +281,7 @@ def run_local(jobs: Sequence[Job], db_url: str, *, budget_minutes: float | None 
     on_compile : callable, optional
         ``on_compile(stats)`` with the pool's :class:`PoolStats` as it runs and at the end.
     pool : CompilePool, optional
-        The host's pool, opened by the caller (before planning, so its processes are
-        ready when the workers are); else ``compile_settings`` open one here.
+        The host's pool, opened by the caller; else ``compile_settings`` open one here.
     workers : WarmWorkers, optional
         Processes started before the keys were planned (:class:`~kdispatch.tuning.
         workers.WarmWorkers`): the jobs go to them instead of to new processes.
@@ -337,12 +333,17 @@ def _run_processes(jobs: Sequence[Job], db_url: str, options: dict[str, Any],
 
 def supervise(jobs: Sequence[Job], procs: Sequence[Any], events: Any, replies: dict[int, Any],
               on_update: UpdateFn | None, pool: Any, on_compile: CompileFn | None,
-              ) -> list[WorkerResult]:
-    """Wait for the started worker processes ``procs`` (one per job, in job order): relay
-    their progress and compile requests, then say how each ended. Closes ``pool`` (before
-    the reply queues) and the event queue."""
+              join: bool = True) -> list[WorkerResult]:
+    """Relay the progress and compile requests of the started ``procs`` (one per job, in
+    job order) until each reported or died, then say how each ended. Closes ``pool``
+    (before the reply queues) and the event queue. ``join=False``: the caller joins the
+    processes that reported later (their teardown overlaps its summary)."""
     results = {j.index: WorkerResult(j.index, j.device_name) for j in jobs}
     board = _Board(jobs, on_update)
+
+    def silent() -> list[Any]:  # processes of workers that did not report yet
+        return [p for j, p in zip(jobs, procs) if results[j.index].counts is None
+                and results[j.index].error is None]
 
     def handle(event: tuple[Any, ...]) -> None:
         kind, index = event[0], event[1]
@@ -361,7 +362,7 @@ def supervise(jobs: Sequence[Job], procs: Sequence[Any], events: Any, replies: d
 
     shown = 0.0
     try:
-        while any(p.is_alive() for p in procs):
+        while any(p.is_alive() for p in silent()):
             try:
                 handle(events.get(timeout=0.1))
             except queue_mod.Empty:
@@ -369,9 +370,8 @@ def supervise(jobs: Sequence[Job], procs: Sequence[Any], events: Any, replies: d
             if on_compile is not None and pool is not None and time.monotonic() > shown:
                 on_compile(pool.stats())
                 shown = time.monotonic() + 0.5
-        # every worker has exited, so everything it put is in the pipe: drain it
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        while silent() and time.monotonic() < deadline:  # what a dead one put last
             try:
                 handle(events.get(timeout=0.2))
             except queue_mod.Empty:
@@ -383,7 +383,7 @@ def supervise(jobs: Sequence[Job], procs: Sequence[Any], events: Any, replies: d
                 p.terminate()
         raise
     finally:
-        for p in procs:
+        for p in procs if join else silent():
             p.join()
         events.close()
         if pool is not None:

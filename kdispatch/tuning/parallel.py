@@ -35,77 +35,23 @@ from typing import Any, Protocol
 
 from kdispatch.device import Device
 from kdispatch.tuning import sweep
-from kdispatch.tuning.ahead import CompileSettings, open_pool
-from kdispatch.tuning.devices import TuningError
+from kdispatch.tuning.ahead import CompileSettings
+from kdispatch.tuning.devices import TuningError, is_multi_device, parse_devices
 from kdispatch.tuning.estimate import SpaceRule
 from kdispatch.tuning.jobs import (CompileFn, DeviceGroup, GroupRun, Job, UpdateFn,
                                    WorkerResult, claimer, extra_specs, make_jobs, run_local,
                                    run_shard)
 from kdispatch.tuning.plan import TuneTarget, plan, plan_defaults, plan_misses
-from kdispatch.tuning.workers import WarmWorkers, failure_message, totals
+from kdispatch.tuning.workers import (Started, WarmWorkers, failure_message, start_devices,
+                                      totals)
 
 __all__ = ["DeviceGroup", "GroupRun", "Job", "Reporter", "UpdateFn", "WorkerResult",
            "claimer", "device_for", "extra_specs", "failure_message", "group_devices",
            "is_multi_device", "make_jobs", "parse_devices", "plan_targets", "run_local",
-           "run_shard", "totals", "tune_devices", "tune_local"]
+           "run_shard", "start_devices", "totals", "tune_devices", "tune_local"]
 
 
 # -- devices -----------------------------------------------------------------------------------
-def is_multi_device(spec: str) -> bool:
-    """Whether ``--device`` names several devices (``all`` or a comma-separated list)."""
-    return spec.strip().lower() == "all" or "," in spec
-
-
-def parse_devices(spec: str) -> list[str]:
-    """Worker device names for ``--device all`` / ``cuda:0,cuda:1`` / ``cpu,cpu``.
-
-    Parameters
-    ----------
-    spec : str
-        ``"all"`` (every CUDA/HIP device of this host) or a comma-separated list of
-        ``cuda:N`` (each at most once) or of ``cpu`` (any number of interpreter workers).
-
-    Returns
-    -------
-    list of str
-        Normalized names, ``"cuda:N"`` or ``"cpu"``.
-
-    Raises
-    ------
-    TuningError
-        No GPU for ``all``, an unknown or repeated GPU, or CPU and GPU mixed.
-    """
-    spec = spec.strip().lower()
-    if spec == "all":
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise TuningError("--device all: no CUDA/HIP GPU is available here; use "
-                              "--device cpu,cpu to exercise the multi-process path")
-        return [f"cuda:{i}" for i in range(count)]
-    names = []
-    for raw in (p.strip() for p in spec.split(",")):
-        if not raw:
-            continue
-        if raw in ("cpu", "interpreter", "cpu-interpreter"):
-            names.append("cpu")
-        elif raw.startswith("cuda:") and raw[5:].isdigit():
-            names.append(f"cuda:{int(raw[5:])}")
-        else:
-            raise TuningError(f"device {raw!r}: expected cpu or cuda:N in a device list")
-    if not names:
-        raise TuningError(f"--device {spec!r}: no devices named")
-    if "cpu" in names and len(set(names)) > 1:
-        raise TuningError("--device: do not mix cpu (the Triton interpreter) and GPUs in one "
-                          "run; tune them separately")
-    gpus = [n for n in names if n != "cpu"]
-    if len(set(gpus)) != len(gpus):
-        raise TuningError("--device: a GPU is listed twice; two tuners on one GPU would "
-                          "disturb each other's timings")
-    return names
-
-
 def device_for(name: str) -> Device:
     """The dispatch device of a worker name, without selecting it in this process.
 
@@ -226,7 +172,8 @@ class Reporter(Protocol):
 
 
 def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[str, Any],
-                 ui: Reporter) -> tuple[list[GroupRun], list[WorkerResult]]:
+                 ui: Reporter, started: Started | None = None,
+                 ) -> tuple[list[GroupRun], list[WorkerResult]]:
     """``--device all`` / ``cuda:0,cuda:1`` / ``cpu,cpu``: plan per device group, run, summarize.
 
     Parameters
@@ -244,6 +191,10 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
         worker.
     ui : Reporter
         Shows the plan and the aggregated progress.
+    started : Started, optional
+        The worker processes and the compile pool, started by the caller for
+        ``device_spec`` and ``run``'s compile settings (:func:`~kdispatch.tuning.workers.
+        start_devices`, before its imports); else they are started here.
 
     Returns
     -------
@@ -252,17 +203,12 @@ def tune_devices(device_spec: str, store: Any, plan: dict[str, Any], run: dict[s
     results : list of WorkerResult
         One per worker; see :func:`failure_message`.
     """
-    names = parse_devices(device_spec)
     settings = run.get("compile_settings")
-    interpreter = all(n == "cpu" for n in names)
-    if interpreter:
-        sweep.use_interpreter()  # this process plans the keys of the interpreter device
-    size = settings.workers_for(len(names), interpreter) if settings is not None else 0
-    # the workers start first (importing torch and setting up a GPU takes them seconds),
-    # then the host's compile pool; the keys are planned while both start
-    with WarmWorkers(names, size) as warm, open_pool(
-            settings, interpreter=interpreter, timing_processes=len(names)) as pool:
-        return _plan_and_run(names, store, plan, run, ui, settings, pool, warm)
+    if started is None:
+        with start_devices(device_spec, settings) as started:
+            return tune_devices(device_spec, store, plan, run, ui, started)
+    return _plan_and_run(started.names, store, plan, run, ui, settings, started.pool,
+                         started.warm)
 
 
 def _plan_and_run(names: list[str], store: Any, plan: dict[str, Any], run: dict[str, Any],

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import sys
 import time
-from collections.abc import Sequence
-from typing import Any, Self
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self
 
 from kdispatch.device import Device
-from kdispatch.tuning.devices import TuningError
-from kdispatch.tuning.jobs import (CompileFn, Job, UpdateFn, WorkerResult, _describe, _worker,
-                                   supervise)
+from kdispatch.tuning.devices import TuningError, parse_devices, use_interpreter
+from kdispatch.tuning.pool_settings import CompileSettings, open_pool
 from kdispatch.tuning.throughput import process_age
+
+if TYPE_CHECKING:  # the tuner itself (torch, the database) is imported where it runs
+    from kdispatch.tuning.jobs import CompileFn, Job, UpdateFn, WorkerResult
 
 #: keys all device groups of one run may have together (one byte of shared memory each)
 CLAIM_CAPACITY = 1 << 20
@@ -41,8 +46,11 @@ def _warm_worker(index: int, name: str, events: Any, inbox: Any, claims: Any, re
     """Process entry (spawn): set up the device, report it, then run the job that comes.
 
     ``base`` is the run's start on the ``time.monotonic`` clock (system-wide), so the
-    worker's start-up shows in the parent's summary."""
-    from kdispatch.tuning.devices import input_budget, resolve_device, use_interpreter
+    worker's start-up shows in the parent's summary. A worker that reported its result
+    exits without the interpreter's teardown (torch's, the CUDA context's: about a second
+    the parent's exit would wait for)."""
+    from kdispatch.tuning.devices import input_budget, resolve_device
+    from kdispatch.tuning.jobs import _describe, _worker
 
     started = time.monotonic() - base - (process_age() or 0.0)
     parent = os.getppid()
@@ -77,6 +85,20 @@ def _warm_worker(index: int, name: str, events: Any, inbox: Any, claims: Any, re
                 "start_s": time.monotonic() - base}
     _worker(job, db_url, options, extra, events, claims if job.shared else None, replies,
             pool_workers, offset, timeline)
+    _exit_now(events)
+
+
+def _exit_now(events: Any) -> None:
+    """Exit at once, once what this process put on ``events`` is in the pipe (everything
+    it measured is committed, its store disposed)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    events.close()
+    events.join_thread()
+    os._exit(0)
 
 
 class WarmWorkers:
@@ -141,6 +163,8 @@ class WarmWorkers:
     def assign(self, jobs: Sequence[Job]) -> list[Job]:
         """``jobs`` (from :func:`~kdispatch.tuning.jobs.make_jobs`) with each ``index`` set
         to the worker of its device name that takes it."""
+        from kdispatch.tuning.jobs import Job
+
         free = list(range(len(self.names)))
         out = []
         for job in jobs:
@@ -156,7 +180,10 @@ class WarmWorkers:
             on_update: UpdateFn | None, pool: Any, on_compile: CompileFn | None,
             ) -> list[WorkerResult]:
         """Hand each job to its worker (workers without one exit) and wait for them, as
-        :func:`~kdispatch.tuning.jobs.run_local` does for processes it starts."""
+        :func:`~kdispatch.tuning.jobs.run_local` does for processes it starts; the
+        processes of workers that reported are joined by :meth:`close`."""
+        from kdispatch.tuning.jobs import supervise
+
         jobs = self.assign(jobs)
         offsets: dict[int, int] = {}
         used = 0
@@ -176,7 +203,8 @@ class WarmWorkers:
                 self._sent.add(i)
         procs = [self.procs[j.index] for j in jobs]
         replies = {j.index: self.replies[j.index] for j in jobs if j.index in self.replies}
-        return supervise(jobs, procs, self.events, replies, on_update, pool, on_compile)
+        return supervise(jobs, procs, self.events, replies, on_update, pool, on_compile,
+                         join=False)
 
     def close(self) -> None:
         """Tell workers that got no job to exit, then wait for every process."""
@@ -219,3 +247,31 @@ def totals(results: Sequence[WorkerResult]) -> tuple[int, int, bool]:
     skipped = sum((r.counts or {}).get("skipped", 0) for r in results)
     stopped = any((r.counts or {}).get("stopped") == "budget" for r in results)
     return measured, skipped, stopped
+
+
+@dataclass(frozen=True)
+class Started:
+    """What :func:`start_devices` started: the worker names, their processes, the pool."""
+
+    names: list[str]
+    warm: WarmWorkers
+    pool: Any
+
+
+@contextmanager
+def start_devices(device_spec: str, settings: CompileSettings | None) -> Iterator[Started]:
+    """Start one worker process per device of ``device_spec`` (``all``, ``cuda:0,cuda:1``,
+    ``cpu,cpu``), then the host's compile pool for ``settings``; both are closed on exit.
+
+    Light on imports (no torch for a device list), so a caller starts them before it imports
+    the tuner and their start-up overlaps its own.
+    """
+    names = parse_devices(device_spec)
+    interpreter = all(n == "cpu" for n in names)
+    if interpreter:
+        use_interpreter()  # this process plans the keys of the interpreter device
+    size = settings.workers_for(len(names), interpreter) if settings is not None else 0
+    # the workers first (importing torch and setting up a GPU takes them seconds)
+    with WarmWorkers(names, size) as warm, open_pool(
+            settings, interpreter=interpreter, timing_processes=len(names)) as pool:
+        yield Started(names, warm, pool)
