@@ -9,11 +9,8 @@ id inside a request's range, checked against the reference over the remaining pa
 (b) times, CUDA-graph replays (medians of do_bench'd replays of a graph of many calls):
 128 heads, batch 32 x 16,384 and 32 x 4,096, 64-token pages, permuted page tables; the
 kdispatch path at its heuristic config and the Gluon path at several split counts (stage
-1 + the existing reduce, and stage 1 alone), for each variant: ``base`` (the split-column
-kernel, optionally ``overlap_pv``) and ``seesaw`` (gluon_mla_seesaw.py). The seesaw is
-checked in its own phase first and timed only when that phase passed (a hang there costs
-its phase's limit, not the run). A failure of a kernel (compile or run) is reported and the
-rest goes on. Writes $OUT/gluon_mla_check.json; SUMMARY lines at the end.
+1 + the existing reduce, and stage 1 alone). A failure of the Gluon kernel (compile or
+run) is reported and the rest goes on. Writes $OUT/gluon_mla_check.json.
 """
 
 from __future__ import annotations
@@ -88,21 +85,17 @@ def small_case(hq: int, lens: list[int], dev, seed: int = 0):
     return q, k, bt.to(dev), torch.tensor(lens, dtype=torch.int32, device=dev)
 
 
-def check_correctness(G, dev, variant: str = "base") -> None:
+def check_correctness(G, dev) -> None:
     lens = [1, 63, 64, 65, 1000]
     cases = [(64, 1, False), (64, 3, False), (128, 2, False), (128, 1, True), (64, 3, True)]
-    if variant != "base":  # lengths with an odd page count per split, and 4 splits
-        cases = [(64, 1, False), (64, 3, False), (128, 2, False), (128, 4, False)]
     for hq, splits, ov in cases:
         q, k, bt, sl = small_case(hq, lens, dev, seed=hq + splits)
         scale = DK ** -0.5
         v = k[..., :DV]
         ref = reference_decode_attention(q, k, v, bt, sl, scale=scale)
-        row = {"case": f"{variant} h{hq} lens{lens} splits{splits} overlap_pv {ov}",
-               "variant": variant}
+        row = {"case": f"h{hq} lens{lens} splits{splits} overlap_pv {ov}"}
         try:
-            got = G.gluon_mla_decode(q, k, bt, sl, scale, splits, overlap_pv=ov,
-                                     variant=variant).float()
+            got = G.gluon_mla_decode(q, k, bt, sl, scale, splits, overlap_pv=ov).float()
             torch.cuda.synchronize()
             err = (got - ref).abs().max().item()
             row.update(gluon_max_err=err, gluon_ok=bool(err <= 3e-2 * max(1.0, ref.abs().max().item())),
@@ -121,7 +114,7 @@ def check_correctness(G, dev, variant: str = "base") -> None:
         log(f"correctness {row}")
 
 
-def check_bad_pages(G, dev, variant: str = "base") -> None:
+def check_bad_pages(G, dev) -> None:
     """A bad page id inside a request's range: the reference over the other pages."""
     q, k, bt, sl = small_case(64, [1000, 300], dev, seed=7)
     nb = k.shape[0]
@@ -133,10 +126,9 @@ def check_bad_pages(G, dev, variant: str = "base") -> None:
     ref_bt[1, 0:-1] = bt[1, 1:].clone()
     ref_sl = sl - PAGE
     ref = reference_decode_attention(q, k, k[..., :DV], ref_bt, ref_sl, scale=DK ** -0.5)
-    row = {"case": f"{variant} bad page ids inside the range (nb+7 at slot 3, -5 at slot 0)",
-           "variant": variant}
+    row = {"case": "bad page ids inside the range (nb+7 at slot 3, -5 at slot 0)"}
     try:
-        got = G.gluon_mla_decode(q, k, bad, sl, DK ** -0.5, 2, variant=variant).float()
+        got = G.gluon_mla_decode(q, k, bad, sl, DK ** -0.5, 2).float()
         torch.cuda.synchronize()
         err = (got - ref).abs().max().item()
         row.update(gluon_max_err=err, gluon_ok=bool(err <= 3e-2 * max(1.0, ref.abs().max().item())))
@@ -220,14 +212,14 @@ def time_shape(G, dev, b: int, ctx: int, hq: int, split_list, row: dict) -> None
         fail(f"kdispatch timing {name}", exc)
     if G is not None:
         row["gluon"] = []
-        for s, ov, var in split_list:
-            cell = {"splits": s, "overlap_pv": ov, "variant": var}
+        for s, ov in split_list:
+            cell = {"splits": s, "overlap_pv": ov}
             try:
                 n_ws = b * hq * s * (DV + 1)
                 ws = torch.empty(n_ws, dtype=torch.float32, device=dev)
                 out = torch.empty(b, hq, DV, dtype=q.dtype, device=dev)
-                fn = lambda s=s, ov=ov, ws=ws, out=out, var=var: G.gluon_mla_decode(
-                    q, k, bt, sl, scale, s, out=out, workspace=ws, overlap_pv=ov, variant=var)
+                fn = lambda s=s, ov=ov, ws=ws, out=out: G.gluon_mla_decode(
+                    q, k, bt, sl, scale, s, out=out, workspace=ws, overlap_pv=ov)
                 fn()
                 torch.cuda.synchronize()
                 if ref is not None:
@@ -236,29 +228,24 @@ def time_shape(G, dev, b: int, ctx: int, hq: int, split_list, row: dict) -> None
                 cell["tflops"] = flops / cell["us"] * 1e-6
                 po = ws[:b * hq * s * DV].view(b, hq, s, DV)
                 pl = ws[b * hq * s * DV:].view(b, hq, s)
-                grid, args, kw = G.stage1_launch_args(q, k, bt, sl, scale, s, po, pl, ov,
-                                                      variant=var)
-                kern = G.stage1_kernel(var)
-                st1 = lambda grid=grid, args=args, kw=kw, kern=kern: kern[grid](*args, **kw)
+                grid, args, kw = G.stage1_launch_args(q, k, bt, sl, scale, s, po, pl, ov)
+                st1 = lambda grid=grid, args=args, kw=kw: G._gluon_mla_stage1[grid](
+                    *args, **kw)
                 cell["stage1_us"] = time_fn(st1)
-                log(f"{name}: gluon {var} splits {s} overlap_pv {ov}: {cell['us']:.1f} us "
+                log(f"{name}: gluon splits {s} overlap_pv {ov}: {cell['us']:.1f} us "
                     f"({cell['tflops']:.0f} TFLOPS), stage 1 alone {cell['stage1_us']:.1f} us, "
                     f"max err {cell.get('max_err')}")
             except Exception as exc:  # noqa: BLE001
-                fail(f"gluon timing {name} {var} splits {s} overlap_pv {ov}", exc)
+                fail(f"gluon timing {name} splits {s} overlap_pv {ov}", exc)
                 cell["failed"] = True
             row["gluon"].append(cell)
         ok = [c for c in row["gluon"] if "us" in c]
         if ok:
             best = min(ok, key=lambda c: c["us"])
             row["gluon_best"] = best
-            row["gluon_best_by_variant"] = {
-                v: min((c for c in ok if c["variant"] == v), key=lambda c: c["us"])
-                for v in {c["variant"] for c in ok}}
             ref_us = row.get("kdispatch_us", float("nan"))
             row["speedup_vs_kdispatch"] = ref_us / best["us"]
-            log(f"{name}: best gluon {best['variant']} splits {best['splits']} "
-                f"overlap_pv {best['overlap_pv']} "
+            log(f"{name}: best gluon splits {best['splits']} overlap_pv {best['overlap_pv']} "
                 f"{best['us']:.1f} us ({best['tflops']:.0f} TFLOPS) vs kdispatch {ref_us:.1f} "
                 f"us: {row['speedup_vs_kdispatch']:.2f}x")
 
@@ -275,23 +262,18 @@ def compiled_info(G) -> None:
         fail("compiled info", exc)
 
 
-PHASES = ("correct", "correct-seesaw", "time-16k", "time-4k", "bad-pages")
+PHASES = ("correct", "time-16k", "time-4k", "bad-pages")
 #: seconds each phase may run (a hung kernel is killed with its process, the rest goes on)
-PHASE_LIMIT = {"correct": 60, "correct-seesaw": 45, "time-16k": 75, "time-4k": 50,
-               "bad-pages": 30}
+PHASE_LIMIT = {"correct": 100, "time-16k": 120, "time-4k": 90, "bad-pages": 45}
 
 
 def run_phase(phase: str, args) -> None:
     dev = torch.device("cuda")
     G = gluon_module()
-    variants = [(int(x), False, "base") for x in args.splits.split(",") if x]
-    variants += [(int(x), True, "base") for x in args.overlap_splits.split(",") if x]
-    variants += [(int(x), False, "seesaw") for x in args.seesaw_splits.split(",") if x]
+    variants = [(int(x), False) for x in args.splits.split(",") if x]
+    variants += [(int(x), True) for x in args.overlap_splits.split(",") if x]
     if phase == "correct" and G is not None:
         check_correctness(G, dev)
-    elif phase == "correct-seesaw" and G is not None:
-        check_correctness(G, dev, "seesaw")
-        check_bad_pages(G, dev, "seesaw")
     elif phase == "time-16k":
         time_shapes(G, dev, [(32, 16384, 128)], variants)
     elif phase == "time-4k":
@@ -302,22 +284,12 @@ def run_phase(phase: str, args) -> None:
         compiled_info(G)
 
 
-def seesaw_ok(res: dict) -> bool:
-    """The seesaw may be timed: its checks ran (phase done) and all passed."""
-    rows = [r for r in res["correctness"] if r.get("variant") == "seesaw"]
-    done = str(res.get("phases", {}).get("correct-seesaw", "")).startswith("rc 0")
-    return ("correct-seesaw" not in res.get("phases", {})) or (
-        done and bool(rows) and all(r.get("gluon_ok") for r in rows))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="no b32 x 16,384 timing")
-    ap.add_argument("--splits", default="2,4", help="split counts, PV waited per page")
-    ap.add_argument("--overlap-splits", default="",
+    ap.add_argument("--splits", default="1,2,3,4", help="split counts, PV waited per page")
+    ap.add_argument("--overlap-splits", default="2,4",
                     help="split counts also timed with the PV MMA left in flight")
-    ap.add_argument("--seesaw-splits", default="2,4",
-                    help="split counts timed with the seesaw kernel (if its checks pass)")
     ap.add_argument("--budget", type=float, default=225.0, help="seconds for all phases")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a child's one phase
     args = ap.parse_args()
@@ -343,9 +315,8 @@ def main() -> int:
             RESULT["phases"][phase] = "skipped: out of time"
             log(f"phase {phase}: skipped, {left:.0f}s left")
             continue
-        seesaw = args.seesaw_splits if seesaw_ok(RESULT) else ""
         cmd = [sys.executable, __file__, "--phase", phase, "--splits", args.splits,
-               "--overlap-splits", args.overlap_splits, "--seesaw-splits", seesaw]
+               "--overlap-splits", args.overlap_splits]
         part = out_dir / f"gluon_mla_check.{phase}.json"
         part.unlink(missing_ok=True)
         t1 = time.time()
@@ -366,14 +337,11 @@ def main() -> int:
         RESULT["wall_s"] = time.time() - t0
         path.write_text(json.dumps(RESULT, indent=1, default=str))
     log(f"wrote {path} ({RESULT['wall_s']:.0f}s, {len(RESULT['errors'])} errors)")
-    log(f"SUMMARY seesaw timed: {seesaw_ok(RESULT)}")
     for row in RESULT["timing"]:
-        log(f"SUMMARY {row['shape']}: kdispatch {row.get('kdispatch_us', float('nan')):.1f} us")
-        for c in row.get("gluon", []):
-            log(f"SUMMARY {row['shape']}: {c['variant']} splits {c['splits']} overlap_pv "
-                f"{c['overlap_pv']}: {c.get('us', float('nan')):.1f} us "
-                f"({c.get('tflops', float('nan')):.0f} TFLOPS), stage 1 "
-                f"{c.get('stage1_us', float('nan')):.1f} us, err {c.get('max_err')}")
+        best = row.get("gluon_best") or {}
+        log(f"SUMMARY {row['shape']}: kdispatch {row.get('kdispatch_us', float('nan')):.1f} us, "
+            f"gluon best {best.get('us', float('nan')):.1f} us (splits {best.get('splits')}, "
+            f"overlap_pv {best.get('overlap_pv')}, {best.get('tflops', float('nan')):.0f} TFLOPS)")
     bad = [r["case"] for r in RESULT["correctness"] if not r.get("gluon_ok")]
     log(f"SUMMARY correctness: {len(RESULT['correctness']) - len(bad)} ok, failed: {bad}")
     return 0

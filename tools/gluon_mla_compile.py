@@ -33,8 +33,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SMEM_LIMIT = 227 * 1024
 
 
-def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False,
-                   variant: str = "base"):
+def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False):
     """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
     grid; the descriptors' block shapes, the dtypes and the alignment are what count)."""
     b, h = 2, 128
@@ -45,9 +44,8 @@ def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False,
     ws = torch.empty(b * h * splits * (G.DV + 1))
     po = ws[:b * h * splits * G.DV].view(b, h, splits, G.DV)
     pl = ws[b * h * splits * G.DV:].view(b, h, splits)
-    _, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, overlap_pv,
-                                       variant=variant)
-    fn = G.stage1_kernel(variant)
+    _, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, overlap_pv)
+    fn = G._gluon_mla_stage1
     sig, consts, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in kw:
@@ -84,29 +82,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--splits", default="1,2")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
-    ap.add_argument("--variants", default="base",
-                    help="base (with and without overlap_pv) and/or seesaw; the seesaw's "
-                         "few spill bytes are reported, not failed")
     args = ap.parse_args()
     bad = 0
-    todo = [(int(x), ov, v) for x in args.splits.split(",") for v in args.variants.split(",")
-            for ov in ((False, True) if v == "base" else (False,))]
-    for s, ov, var in todo:
+    for s, ov in ((int(x), ov) for x in args.splits.split(",") for ov in (False, True)):
         try:
-            k = compile_stage1(s, overlap_pv=ov, variant=var)
+            k = compile_stage1(s, overlap_pv=ov)
         except Exception as exc:  # noqa: BLE001 - report, exit 1
-            print(json.dumps({"splits": s, "overlap_pv": ov, "variant": var,
-                              "error": str(exc)[:4000]}))
+            print(json.dumps({"splits": s, "overlap_pv": ov, "error": str(exc)[:4000]}))
             bad += 1
             continue
-        rep = {"splits": s, "overlap_pv": ov, "variant": var, **ptxas_report(k)}
+        rep = {"splits": s, "overlap_pv": ov, **ptxas_report(k)}
         print(json.dumps(rep), flush=True)
         if args.dump:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
-            stem = f"stage1_{var}_s{s}_ov{int(ov)}"
-            (Path(args.dump) / f"{stem}.ttgir").write_text(k.asm["ttgir"])
-            (Path(args.dump) / f"{stem}.ptx").write_text(k.asm["ptx"])
-        bad += bool(rep["regs"] is None or (rep["spill_store_bytes"] and var == "base")
+            (Path(args.dump) / f"stage1_s{s}_ov{int(ov)}.ttgir").write_text(k.asm["ttgir"])
+            (Path(args.dump) / f"stage1_s{s}_ov{int(ov)}.ptx").write_text(k.asm["ptx"])
+        bad += bool(rep["regs"] is None or rep["spill_store_bytes"]
                     or rep["shared_bytes"] > SMEM_LIMIT)
     return 1 if bad else 0
 

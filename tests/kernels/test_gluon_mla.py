@@ -86,27 +86,3 @@ def test_compiles_for_sm90a_without_spills():
         assert rep["spill_store_bytes"] == 0 and rep["shared_bytes"] <= 227 * 1024, rep
         assert rep["wgmma"] == 40, rep
     assert not reps[0]["serialized_wgmma_warning"]
-
-
-def test_seesaw_compiles_for_sm90a_within_shared_memory():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"),
-                          "--splits", "2", "--variants", "seesaw"], check=False,
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    (rep,) = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert rep["shared_bytes"] <= 227 * 1024 and rep["spill_store_bytes"] <= 512, rep
-    assert not rep["serialized_wgmma_warning"], rep
-
-
-def test_variants_and_seesaw_launch_args():
-    q, kv, bt, sl = _inputs(b=2, h=128)
-    ws = torch.empty(2 * 128 * 2 * 513)
-    po, pl = ws[:2 * 128 * 2 * 512].view(2, 128, 2, 512), ws[2 * 128 * 2 * 512:].view(2, 128, 2)
-    grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, 2, po, pl, variant="seesaw")
-    assert grid == (2, 2, 2) and kw["num_warps"] == 4 and kw["HALF"] == 256
-    assert args[0].block_shape == [64, 256] and args[2].block_shape == [64, 256]
-    assert G.stage1_kernel("seesaw") is not G.stage1_kernel("base")
-    with pytest.raises(ValueError, match="variant"):
-        G.stage1_kernel("nope")

@@ -1,10 +1,5 @@
 """A Gluon stage 1 for absorbed-MLA split-KV decode on sm_90 (prototype, not dispatched).
 
-Variants (``variant=``, timed side by side by tools/gluon_mla_check.py): ``"base"``, this
-module's kernel below, and ``"seesaw"``, :mod:`gluon_mla_seesaw` (warp-specialized, one
-warpgroup per page; same host interface and partials layout, launched through
-:func:`stage1_kernel` / :func:`stage1_launch_args`).
-
 Issue 18's compute-bound regime: 64 query heads of one request per program (two
 warpgroups, ``num_warps=8``), one latent KV head whose rows are 576 wide (512 latent +
 64 rope; V is the first 512 columns of the same row), bf16, 64-token pages. Per 64-token
@@ -249,9 +244,8 @@ def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
 
 
-def descriptors(q, kv_cache, half: int = DV):
-    """(q latent, q rope, cache latent, cache rope) TMA descriptors over 2-D row views;
-    the latent ones copy ``half`` columns a box (the seesaw kernel copies 256)."""
+def descriptors(q, kv_cache):
+    """(q latent, q rope, cache latent, cache rope) TMA descriptors over 2-D row views."""
     b, h, d = q.shape
     q2 = q if (q.stride(2) == 1 and q.stride(0) == h * q.stride(1) and q.stride(1) % 8 == 0
                and q.data_ptr() % 16 == 0) else q.contiguous()
@@ -261,54 +255,32 @@ def descriptors(q, kv_cache, half: int = DV):
     # 1-D views over the rows' extent (rows may be padded: the row strides say how much)
     flat_q = q2.as_strided(((q_rows - 1) * q_stride + d,), (1,))
     flat_k = kv_cache.as_strided(((rows - 1) * kstride + d,), (1,))
-    return (TensorDescriptor(flat_q, [q_rows, DV], [q_stride, 1], [BLOCK_H, half], lay),
+    return (TensorDescriptor(flat_q, [q_rows, DV], [q_stride, 1], [BLOCK_H, DV], lay),
             TensorDescriptor(flat_q[DV:], [q_rows, DPE], [q_stride, 1], [BLOCK_H, DPE], lay),
-            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [PAGE, half], lay),
+            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [PAGE, DV], lay),
             TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [PAGE, DPE], lay), q2)
 
 
-VARIANTS = ("base", "seesaw")
-
-
-def stage1_kernel(variant: str = "base"):
-    """The JIT function of a stage 1 variant (:data:`VARIANTS`)."""
-    if variant == "seesaw":
-        from kdispatch.kernels.decode_attention.gluon_mla_seesaw import (
-            _gluon_mla_stage1_seesaw)
-        return _gluon_mla_stage1_seesaw
-    if variant != "base":
-        raise ValueError(f"unknown variant {variant!r}: one of {VARIANTS}")
-    return _gluon_mla_stage1
-
-
 def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
-                       overlap_pv: bool = False, variant: str = "base"):
-    """(grid, positional args, constexpr kwargs) of the Gluon stage 1 (``variant``: which
-    kernel, launched as ``stage1_kernel(variant)[grid](*args, **kw)``)."""
-    stage1_kernel(variant)  # refuses an unknown variant
+                       overlap_pv: bool = False):
+    """(grid, positional args, constexpr kwargs) of the Gluon stage 1."""
     b, h, _ = q.shape
-    half = DV // 2 if variant == "seesaw" else DV  # the seesaw copies 256-column halves
-    qd, qpd, kd, ped, _ = descriptors(q, kv_cache, half=half)
+    qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
     args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl, float(scale) * LOG2E,
             block_table.shape[1] * PAGE, kv_cache.shape[0], h, block_table.stride(0),
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
-    if variant == "seesaw":  # warpgroup 0 here, warpgroup 1 in its worker partition
-        kw = {"NUM_KV_SPLITS": num_kv_splits, "PAGE": PAGE, "HALF": half, "num_warps": 4}
-        return (h // BLOCK_H, num_kv_splits, b), args, kw
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": PAGE, "DV": DV,
           "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS}
     return (h // BLOCK_H, num_kv_splits, b), args, kw
 
 
 def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_splits: int,
-                     out=None, workspace=None, overlap_pv: bool = False,
-                     variant: str = "base"):
+                     out=None, workspace=None, overlap_pv: bool = False):
     """Absorbed-MLA decode: the Gluon stage 1, then the existing reduce. Returns ``out``
     (``[B, H, 512]`` in q's dtype). ``workspace``: an fp32 tensor of at least
     ``B * H * splits * 513`` elements to reuse (e.g. under graph capture). ``overlap_pv``:
     leave the PV MMA in flight into the next page's score MMA (ptxas then serializes the
-    wgmmas: which is faster is for the GPU to say). ``variant``: ``"base"`` or ``"seesaw"``
-    (:mod:`gluon_mla_seesaw`; it ignores ``overlap_pv``)."""
+    wgmmas: which is faster is for the GPU to say)."""
     check_args(q, kv_cache, block_table, seq_lens, num_kv_splits)
     b, h, _ = q.shape
     s = num_kv_splits
@@ -320,9 +292,8 @@ def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_sp
     if out is None:
         out = q.new_empty(b, h, DV)
     grid, args, kw = stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, s, po, pl,
-                                        overlap_pv, variant=variant)
-    key = (s, bool(overlap_pv)) if variant == "base" else (s, variant)
-    COMPILED[key] = stage1_kernel(variant)[grid](*args, **kw)
+                                        overlap_pv)
+    COMPILED[(s, bool(overlap_pv))] = _gluon_mla_stage1[grid](*args, **kw)
     splits_p2 = max(16, 1 << max(0, s - 1).bit_length())
     _decode_reduce[(h, 1, b)](
         seq_lens, po, pl, out, 0, block_table.shape[1] * PAGE, seq_lens.stride(0),
