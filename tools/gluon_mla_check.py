@@ -1,16 +1,23 @@
-"""Check and time the Gluon MLA stage 1 prototype (issue 18) against the fp32 reference and
-the existing kdispatch MLA path, in one GPU command (H100/H200, sm_90)::
+"""Check and time the Gluon MLA stage 1 (issue 18) against the fp32 reference and the
+kdispatch Triton latent tile, in one GPU command (H100/H200, sm_90)::
 
-    OUT=$OUT PYTHONPATH=. python3 tools/gluon_mla_check.py [--quick]
+    OUT=$OUT PYTHONPATH=. python3 tools/gluon_mla_check.py [--phases correct,bad-pages,...]
 
-(a) correctness on small ragged shapes (lengths 1, 63, 64, 65, 1000; -1 page ids in the
-unused table slots; NaN in the cache rows past each length and in unused pages; a bad page
-id inside a request's range, checked against the reference over the remaining pages);
-(b) times, CUDA-graph replays (medians of do_bench'd replays of a graph of many calls):
-128 heads, batch 32 x 16,384 and 32 x 4,096, 64-token pages, permuted page tables; the
-kdispatch path at its heuristic config and the Gluon path at several split counts (stage
-1 + the existing reduce, and stage 1 alone). A failure of the Gluon kernel (compile or
-run) is reported and the rest goes on. Writes $OUT/gluon_mla_check.json.
+A program's 64 rows are (new token, head) pairs of one request (QLEN new tokens a request,
+q ``[B, QLEN, H, 576]``; ``[B, H, 576]`` when QLEN is 1).
+(a) ``correct``: (H, QLEN) in (16,1) (16,2) (16,4) (128,1) (128,2) (12,2) at splits 1-3,
+through the dispatcher with the Gluon config (and ``gluon_mla_decode`` directly at 2
+splits), ragged lengths 1, 2, 63, 64, 65, 1000 (lengths below QLEN: a token that sees no
+cached token gets zeros, as the reference and the Triton path give), -1 page ids in the
+unused table slots, NaN in the cache rows past each length and in unused pages; one
+request alone (fewer rows than the q box);
+(b) ``bad-pages``: a bad page id inside a request's range, against the reference over the
+remaining pages;
+(c) ``time-16`` / ``time-128``: batch 32 x 16,384, CUDA-graph replays (medians), TFLOPS on
+the real rows: the Triton tile at kdispatch's heuristic config (the Triton branch of the
+heuristic where it picks Gluon) against Gluon (stage 1 + reduce through the dispatcher,
+and stage 1 alone) at several split counts.
+Each phase runs in its own process with a time limit. Writes $OUT/gluon_mla_check.json.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from kdispatch.kernels.decode_attention.reference import reference_decode_attent
 PAGE, DK, DV = 64, 576, 512
 GRAPH_US, MAX_CALLS = 1000.0, 32
 RESULT: dict = {"correctness": [], "timing": [], "errors": [], "compiled": {}}
+GLUON = {"kernel": "gluon", "block_n": 64, "block_h": 64, "num_warps": 8, "num_stages": 2}
 
 
 SAVE: list[Path] = []  # a child's part file, rewritten after every result
@@ -63,14 +71,19 @@ def gluon_module():
         return None
 
 
-def small_case(hq: int, lens: list[int], dev, seed: int = 0):
+def _q(b: int, qlen: int, hq: int, g, dev):
+    shape = (b, hq) if qlen == 1 else (b, qlen, hq)
+    return torch.randn(*shape, DK, generator=g, device=dev).to(torch.bfloat16)
+
+
+def small_case(hq: int, qlen: int, lens: list[int], dev, seed: int = 0):
     """A ragged batch: permuted pages, -1 in unused slots, NaN rows past each length."""
     g = torch.Generator(device=dev).manual_seed(seed)
     max_pages = max(-(-n // PAGE) for n in lens) + 1
     used = [-(-n // PAGE) for n in lens]
     nb = sum(used) + 3
     k = torch.randn(nb, PAGE, 1, DK, generator=g, device=dev).to(torch.bfloat16)
-    q = torch.randn(len(lens), hq, DK, generator=g, device=dev).to(torch.bfloat16)
+    q = _q(len(lens), qlen, hq, g, dev)
     perm = torch.randperm(nb, generator=g, device=dev).tolist()
     bt = torch.full((len(lens), max_pages), -1, dtype=torch.int32)
     pos = 0
@@ -85,58 +98,76 @@ def small_case(hq: int, lens: list[int], dev, seed: int = 0):
     return q, k, bt.to(dev), torch.tensor(lens, dtype=torch.int32, device=dev)
 
 
+def _compare(row: dict, name: str, got, ref) -> bool:
+    err = (got.float() - ref).abs()
+    tol = 3e-2 * max(1.0, ref.abs().max().item())
+    ok = bool(torch.isfinite(got).all().item()) and err.max().item() <= tol
+    row[f"{name}_max_err"] = err.max().item()
+    row[f"{name}_err_per_request"] = err.flatten(1).amax(1).tolist()
+    return ok
+
+
+CORRECT_SHAPES = [(16, 1), (16, 2), (16, 4), (128, 1), (128, 2), (12, 2)]
+
+
 def check_correctness(G, dev) -> None:
-    lens = [1, 63, 64, 65, 1000]
-    cases = [(64, 1, False), (64, 3, False), (128, 2, False), (128, 1, True), (64, 3, True)]
-    for hq, splits, ov in cases:
-        q, k, bt, sl = small_case(hq, lens, dev, seed=hq + splits)
+    from kdispatch.kernels.decode_attention.launch import checked_plan
+    from kdispatch.kernels.decode_attention.spec import DecodeConfig
+    cases = [(hq, t, s, [1, 2, 63, 64, 65, 1000]) for hq, t in CORRECT_SHAPES
+             for s in (1, 2, 3)]
+    cases += [(16, 1, 2, [1000]), (12, 2, 3, [65])]  # one request: fewer rows than the box
+    for hq, qlen, splits, lens in cases:
+        q, k, bt, sl = small_case(hq, qlen, lens, dev, seed=hq + 7 * qlen + splits)
         scale = DK ** -0.5
         v = k[..., :DV]
         ref = reference_decode_attention(q, k, v, bt, sl, scale=scale)
-        row = {"case": f"h{hq} lens{lens} splits{splits} overlap_pv {ov}"}
+        row = {"case": f"h{hq} qlen{qlen} lens{lens} splits{splits}"}
+        ok = True
         try:
-            got = G.gluon_mla_decode(q, k, bt, sl, scale, splits, overlap_pv=ov).float()
+            cfg = {**GLUON, "num_kv_splits": splits}
+            row["dispatch_gluon"] = checked_plan(DecodeConfig(**cfg), q, k, v, bt, sl, None,
+                                                 0.0).gluon
+            got = kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, config=cfg)
             torch.cuda.synchronize()
-            err = (got - ref).abs().max().item()
-            row.update(gluon_max_err=err, gluon_ok=bool(err <= 3e-2 * max(1.0, ref.abs().max().item())),
-                       gluon_finite=bool(torch.isfinite(got).all().item()))
-            per = (got - ref).abs().amax(dim=(1, 2)).tolist()
-            row["gluon_err_per_request"] = per
+            ok &= _compare(row, "dispatch", got, ref) and row["dispatch_gluon"]
+            if splits == 2 and G is not None:
+                got = G.gluon_mla_decode(q, k, bt, sl, scale, splits)
+                torch.cuda.synchronize()
+                ok &= _compare(row, "direct", got, ref)
         except Exception as exc:  # noqa: BLE001
             fail(f"gluon correctness {row['case']}", exc)
-            row["gluon_ok"] = False
-        try:
-            kd = kdispatch.decode_attention(q, k, v, bt, sl, scale=scale).float()
-            row["kdispatch_max_err"] = (kd - ref).abs().max().item()
-        except Exception as exc:  # noqa: BLE001
-            fail(f"kdispatch correctness {row['case']}", exc)
+            ok = False
+        row["gluon_ok"] = bool(ok)
         RESULT["correctness"].append(row)
-        log(f"correctness {row}")
+        log(f"correctness {'ok' if ok else 'FAILED'} {row['case']}: dispatch err "
+            f"{row.get('dispatch_max_err')} direct err {row.get('direct_max_err')}")
 
 
 def check_bad_pages(G, dev) -> None:
     """A bad page id inside a request's range: the reference over the other pages."""
-    q, k, bt, sl = small_case(64, [1000, 300], dev, seed=7)
-    nb = k.shape[0]
-    bad = bt.clone()
-    bad[0, 3] = nb + 7
-    bad[1, 0] = -5
-    ref_bt = bt.clone()
-    ref_bt[0, 3:-1] = bt[0, 4:].clone()
-    ref_bt[1, 0:-1] = bt[1, 1:].clone()
-    ref_sl = sl - PAGE
-    ref = reference_decode_attention(q, k, k[..., :DV], ref_bt, ref_sl, scale=DK ** -0.5)
-    row = {"case": "bad page ids inside the range (nb+7 at slot 3, -5 at slot 0)"}
-    try:
-        got = G.gluon_mla_decode(q, k, bad, sl, DK ** -0.5, 2).float()
-        torch.cuda.synchronize()
-        err = (got - ref).abs().max().item()
-        row.update(gluon_max_err=err, gluon_ok=bool(err <= 3e-2 * max(1.0, ref.abs().max().item())))
-    except Exception as exc:  # noqa: BLE001
-        fail("gluon bad-page check", exc)
-        row["gluon_ok"] = False
-    RESULT["correctness"].append(row)
-    log(f"correctness {row}")
+    for hq, qlen in ((64, 1), (16, 2)):
+        q, k, bt, sl = small_case(hq, qlen, [1000, 300], dev, seed=7)
+        nb = k.shape[0]
+        bad = bt.clone()
+        bad[0, 3] = nb + 7
+        bad[1, 0] = -5
+        ref_bt = bt.clone()
+        ref_bt[0, 3:-1] = bt[0, 4:].clone()
+        ref_bt[1, 0:-1] = bt[1, 1:].clone()
+        ref = reference_decode_attention(q, k, k[..., :DV], ref_bt, sl - PAGE,
+                                         scale=DK ** -0.5)
+        row = {"case": f"h{hq} qlen{qlen} bad page ids inside the range (nb+7 at slot 3, "
+                       "-5 at slot 0)"}
+        try:
+            got = kdispatch.decode_attention(q, k, k[..., :DV], bad, sl, scale=DK ** -0.5,
+                                             config={**GLUON, "num_kv_splits": 2})
+            torch.cuda.synchronize()
+            row["gluon_ok"] = _compare(row, "dispatch", got, ref)
+        except Exception as exc:  # noqa: BLE001
+            fail(f"gluon bad-page check {row['case']}", exc)
+            row["gluon_ok"] = False
+        RESULT["correctness"].append(row)
+        log(f"correctness {row}")
 
 
 def _graph_of(fns, calls: int):
@@ -163,91 +194,99 @@ def time_fn(fn) -> float:
     return med * 1e3 / n
 
 
-def big_case(b: int, ctx: int, hq: int, dev):
+def big_case(b: int, ctx: int, hq: int, qlen: int, dev):
     g = torch.Generator(device=dev).manual_seed(1)
     pages = ctx // PAGE
     nb = b * pages + 3
     k = torch.randn(nb, PAGE, 1, DK, generator=g, device=dev, dtype=torch.bfloat16)
-    q = torch.randn(b, hq, DK, generator=g, device=dev).to(torch.bfloat16)
+    q = _q(b, qlen, hq, g, dev)
     bt = torch.randperm(nb, generator=g, device=dev)[:b * pages].view(b, pages).to(torch.int32)
     sl = torch.full((b,), ctx, dtype=torch.int32, device=dev)
     return q, k, bt, sl
 
 
-def time_shapes(G, dev, shapes, split_list) -> None:
-    for b, ctx, hq in shapes:
-        row = {"shape": f"h{hq} b{b} x {ctx}"}
-        RESULT["timing"].append(row)  # filled in place: a killed child keeps its part
-        time_shape(G, dev, b, ctx, hq, split_list, row)
-        torch.cuda.empty_cache()
+def triton_config(q, k, v, bt, sl):
+    """(kdispatch's resolved config, the Triton config timed: the resolved one, or where
+    that is Gluon the heuristic's Triton branch)."""
+    from kdispatch.dispatcher import dispatcher
+    from kdispatch.kernels.decode_attention import spec as S
+    from kdispatch.registry import get_op
+    args = {"q": q, "k_cache": k, "v_cache": v, "block_table": bt, "seq_lens": sl,
+            "sliding_window": None, "batch_invariant": False}
+    ex = dispatcher().explain("decode_attention", args)
+    if ex.config.kernel != "gluon":
+        return ex.config, ex.config
+    fits = S.gluon_fits
+    S.gluon_fits = lambda key: False
+    try:
+        return ex.config, get_op("decode_attention").heuristic(ex.key)
+    finally:
+        S.gluon_fits = fits
 
 
-def time_shape(G, dev, b: int, ctx: int, hq: int, split_list, row: dict) -> None:
-    name = f"h{hq} b{b} x {ctx}"
-    q, k, bt, sl = big_case(b, ctx, hq, dev)
+def time_shape(G, dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict) -> None:
+    name = row["shape"]
+    q, k, bt, sl = big_case(b, ctx, hq, qlen, dev)
     v = k[..., :DV]
     scale = DK ** -0.5
-    flops = 2.0 * b * hq * ctx * (DK + DV)
+    flops = 2.0 * b * qlen * hq * ctx * (DK + DV)  # the real rows only
+    row.update(batch=b, context=ctx, heads=hq, qlen=qlen, flops=flops)
     ref = None
     try:  # the fp32 reference on the first requests only (the loop is per request)
         ref = reference_decode_attention(q[:2], k, v, bt[:2], sl[:2], scale=scale)
     except Exception as exc:  # noqa: BLE001
         fail(f"reference {name}", exc)
-    row.update(batch=b, context=ctx, heads=hq, flops=flops)
+    out = q.new_empty(*q.shape[:-1], DV)
     try:
-        out = torch.empty(b, hq, DV, dtype=q.dtype, device=dev)
-        fn = lambda: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, out=out)
+        resolved, cfg = triton_config(q, k, v, bt, sl)
+        row["resolved_config"] = resolved.model_dump()
+        row["triton_config"] = cfg.model_dump()
+        fn = lambda: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, out=out,
+                                                config=cfg)
         fn()
-        cfg = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v,
-                                block_table=bt, seq_lens=sl)
-        row["kdispatch_config"] = cfg if isinstance(cfg, dict) else cfg.model_dump()
         us = time_fn(fn)
-        row["kdispatch_us"] = us
-        row["kdispatch_tflops"] = flops / us * 1e-6
+        row.update(triton_us=us, triton_tflops=flops / us * 1e-6)
         if ref is not None:
-            row["kdispatch_err"] = (out[:2].float() - ref).abs().max().item()
-        log(f"{name}: kdispatch {us:.1f} us ({flops / us * 1e-6:.0f} TFLOPS) "
-            f"config {row['kdispatch_config']}")
+            row["triton_err"] = (out[:2].float() - ref).abs().max().item()
+        log(f"{name}: triton {us:.1f} us ({flops / us * 1e-6:.0f} TFLOPS) config "
+            f"{row['triton_config']}")
     except Exception as exc:  # noqa: BLE001
-        fail(f"kdispatch timing {name}", exc)
-    if G is not None:
-        row["gluon"] = []
-        for s, ov in split_list:
-            cell = {"splits": s, "overlap_pv": ov}
-            try:
-                n_ws = b * hq * s * (DV + 1)
-                ws = torch.empty(n_ws, dtype=torch.float32, device=dev)
-                out = torch.empty(b, hq, DV, dtype=q.dtype, device=dev)
-                fn = lambda s=s, ov=ov, ws=ws, out=out: G.gluon_mla_decode(
-                    q, k, bt, sl, scale, s, out=out, workspace=ws, overlap_pv=ov)
-                fn()
-                torch.cuda.synchronize()
-                if ref is not None:
-                    cell["max_err"] = (out[:2].float() - ref).abs().max().item()
-                cell["us"] = time_fn(fn)
-                cell["tflops"] = flops / cell["us"] * 1e-6
-                po = ws[:b * hq * s * DV].view(b, hq, s, DV)
-                pl = ws[b * hq * s * DV:].view(b, hq, s)
-                grid, args, kw = G.stage1_launch_args(q, k, bt, sl, scale, s, po, pl, ov)
+        fail(f"triton timing {name}", exc)
+    row["gluon"] = []
+    for s in splits:
+        cell = {"splits": s}
+        row["gluon"].append(cell)
+        try:
+            cfg = {**GLUON, "num_kv_splits": s}
+            fn = lambda cfg=cfg: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale,
+                                                            out=out, config=cfg)
+            fn()
+            torch.cuda.synchronize()
+            if ref is not None:
+                cell["max_err"] = (out[:2].float() - ref).abs().max().item()
+            cell["us"] = time_fn(fn)
+            cell["tflops"] = flops / cell["us"] * 1e-6
+            if G is not None:
+                rows = qlen * hq
+                po = torch.empty(b, rows, s, DV, device=dev)
+                pl = torch.empty(b, rows, s, device=dev)
+                grid, args, kw = G.stage1_launch_args(q, k, bt, sl, scale, s, po, pl)
                 st1 = lambda grid=grid, args=args, kw=kw: G._gluon_mla_stage1[grid](
                     *args, **kw)
                 cell["stage1_us"] = time_fn(st1)
-                log(f"{name}: gluon splits {s} overlap_pv {ov}: {cell['us']:.1f} us "
-                    f"({cell['tflops']:.0f} TFLOPS), stage 1 alone {cell['stage1_us']:.1f} us, "
-                    f"max err {cell.get('max_err')}")
-            except Exception as exc:  # noqa: BLE001
-                fail(f"gluon timing {name} splits {s} overlap_pv {ov}", exc)
-                cell["failed"] = True
-            row["gluon"].append(cell)
-        ok = [c for c in row["gluon"] if "us" in c]
-        if ok:
-            best = min(ok, key=lambda c: c["us"])
-            row["gluon_best"] = best
-            ref_us = row.get("kdispatch_us", float("nan"))
-            row["speedup_vs_kdispatch"] = ref_us / best["us"]
-            log(f"{name}: best gluon splits {best['splits']} overlap_pv {best['overlap_pv']} "
-                f"{best['us']:.1f} us ({best['tflops']:.0f} TFLOPS) vs kdispatch {ref_us:.1f} "
-                f"us: {row['speedup_vs_kdispatch']:.2f}x")
+            log(f"{name}: gluon splits {s}: {cell['us']:.1f} us ({cell['tflops']:.0f} "
+                f"TFLOPS), stage 1 alone {cell.get('stage1_us', float('nan')):.1f} us, "
+                f"max err {cell.get('max_err')}")
+        except Exception as exc:  # noqa: BLE001
+            fail(f"gluon timing {name} splits {s}", exc)
+            cell["failed"] = True
+    ok = [c for c in row["gluon"] if "us" in c]
+    if ok:
+        best = min(ok, key=lambda c: c["us"])
+        row["gluon_best"] = best
+        row["speedup_vs_triton"] = row.get("triton_us", float("nan")) / best["us"]
+        log(f"{name}: best gluon splits {best['splits']} {best['us']:.1f} us vs triton "
+            f"{row.get('triton_us', float('nan')):.1f} us: {row['speedup_vs_triton']:.2f}x")
 
 
 def compiled_info(G) -> None:
@@ -262,34 +301,40 @@ def compiled_info(G) -> None:
         fail("compiled info", exc)
 
 
-PHASES = ("correct", "time-16k", "time-4k", "bad-pages")
+PHASES = ("correct", "bad-pages", "time-16", "time-128")
 #: seconds each phase may run (a hung kernel is killed with its process, the rest goes on)
-PHASE_LIMIT = {"correct": 100, "time-16k": 120, "time-4k": 90, "bad-pages": 45}
+PHASE_LIMIT = {"correct": 75, "bad-pages": 30, "time-16": 90, "time-128": 60}
+#: (heads, QLEN, split counts) timed at batch 32 x 16,384: the 16-head grids need splits
+#: to fill 132 SMs (32 x 1 head block x splits)
+TIMED = {"time-16": [(16, 1, (2, 4, 8)), (16, 2, (2, 4, 8)), (16, 4, (2, 4, 8))],
+         "time-128": [(128, 1, (1, 2)), (128, 2, (1, 2))]}
 
 
 def run_phase(phase: str, args) -> None:
     dev = torch.device("cuda")
     G = gluon_module()
-    variants = [(int(x), False) for x in args.splits.split(",") if x]
-    variants += [(int(x), True) for x in args.overlap_splits.split(",") if x]
-    if phase == "correct" and G is not None:
+    if phase == "correct":
         check_correctness(G, dev)
-    elif phase == "time-16k":
-        time_shapes(G, dev, [(32, 16384, 128)], variants)
-    elif phase == "time-4k":
-        time_shapes(G, dev, [(32, 4096, 128)], variants)
-    elif phase == "bad-pages" and G is not None:
+    elif phase == "bad-pages":
         check_bad_pages(G, dev)
+    else:
+        for hq, qlen, splits in TIMED[phase]:
+            row = {"shape": f"h{hq} qlen{qlen} b{args.batch} x {args.context}"}
+            RESULT["timing"].append(row)  # filled in place: a killed child keeps its part
+            try:
+                time_shape(G, dev, args.batch, args.context, hq, qlen, splits, row)
+            except Exception as exc:  # noqa: BLE001
+                fail(f"timing {row['shape']}", exc)
+            torch.cuda.empty_cache()
     if G is not None:
         compiled_info(G)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="no b32 x 16,384 timing")
-    ap.add_argument("--splits", default="1,2,3,4", help="split counts, PV waited per page")
-    ap.add_argument("--overlap-splits", default="2,4",
-                    help="split counts also timed with the PV MMA left in flight")
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--budget", type=float, default=225.0, help="seconds for all phases")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a child's one phase
     args = ap.parse_args()
@@ -306,17 +351,15 @@ def main() -> int:
     RESULT["phases"] = {}
     log(f"{RESULT['device']} torch {torch.__version__} triton {triton.__version__}")
     path = out_dir / "gluon_mla_check.json"
-    for phase in PHASES:
-        if args.quick and phase == "time-16k":
-            continue
+    for phase in [p for p in args.phases.split(",") if p]:
         left = args.budget - (time.time() - t0)
         limit = min(PHASE_LIMIT[phase], left)
         if limit < 15:
             RESULT["phases"][phase] = "skipped: out of time"
             log(f"phase {phase}: skipped, {left:.0f}s left")
             continue
-        cmd = [sys.executable, __file__, "--phase", phase, "--splits", args.splits,
-               "--overlap-splits", args.overlap_splits]
+        cmd = [sys.executable, __file__, "--phase", phase, "--batch", str(args.batch),
+               "--context", str(args.context)]
         part = out_dir / f"gluon_mla_check.{phase}.json"
         part.unlink(missing_ok=True)
         t1 = time.time()
@@ -336,14 +379,23 @@ def main() -> int:
             RESULT["errors"].append({"where": f"phase {phase}", "error": status})
         RESULT["wall_s"] = time.time() - t0
         path.write_text(json.dumps(RESULT, indent=1, default=str))
-    log(f"wrote {path} ({RESULT['wall_s']:.0f}s, {len(RESULT['errors'])} errors)")
+    log(f"wrote {path} ({RESULT.get('wall_s', 0):.0f}s, {len(RESULT['errors'])} errors)")
+    for phase, status in RESULT["phases"].items():
+        log(f"SUMMARY phase {phase}: {status}")
+    nan = float("nan")
     for row in RESULT["timing"]:
-        best = row.get("gluon_best") or {}
-        log(f"SUMMARY {row['shape']}: kdispatch {row.get('kdispatch_us', float('nan')):.1f} us, "
-            f"gluon best {best.get('us', float('nan')):.1f} us (splits {best.get('splits')}, "
-            f"overlap_pv {best.get('overlap_pv')}, {best.get('tflops', float('nan')):.0f} TFLOPS)")
+        cells = ", ".join(f"s{c['splits']} {c.get('us', nan):.1f} us "
+                          f"({c.get('tflops', nan):.0f} TF; st1 {c.get('stage1_us', nan):.1f})"
+                          for c in row.get("gluon", []))
+        tc = row.get("triton_config") or {}
+        log(f"SUMMARY {row['shape']}: triton {row.get('triton_us', nan):.1f} us "
+            f"({row.get('triton_tflops', nan):.0f} TF; bh{tc.get('block_h')} "
+            f"bn{tc.get('block_n')} w{tc.get('num_warps')} st{tc.get('num_stages')} "
+            f"s{tc.get('num_kv_splits')} merge {tc.get('merge')}) | gluon {cells} | best "
+            f"{row.get('speedup_vs_triton', nan):.2f}x")
     bad = [r["case"] for r in RESULT["correctness"] if not r.get("gluon_ok")]
     log(f"SUMMARY correctness: {len(RESULT['correctness']) - len(bad)} ok, failed: {bad}")
+    log(f"SUMMARY errors: {[e['where'] for e in RESULT['errors']]}")
     return 0
 
 

@@ -1,9 +1,10 @@
 """Compile the Gluon MLA stage 1 (kdispatch/kernels/decode_attention/gluon_mla.py) for sm_90a
 on a machine without a GPU and report ptxas's registers and spills and the shared memory::
 
-    PYTHONPATH=. python tools/gluon_mla_compile.py [--splits 1,2] [--dump DIR]
+    PYTHONPATH=. python tools/gluon_mla_compile.py [--splits 1,2] [--rows 128x1,16x2]
+        [--no-overlap] [--dump DIR]
 
-Prints one JSON line per split count; exits 1 when a compile fails, spills, or needs more
+Prints one JSON line per (heads x QLEN, split count, overlap_pv); exits 1 when a compile fails, spills, or needs more
 than the 227 KB of shared memory an sm_90 block may have. Run without TRITON_INTERPRET.
 """
 
@@ -33,17 +34,21 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SMEM_LIMIT = 227 * 1024
 
 
-def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False):
+def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False, heads: int = 128,
+                   qlen: int = 1):
     """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
-    grid; the descriptors' block shapes, the dtypes and the alignment are what count)."""
-    b, h = 2, 128
-    q = torch.empty(b, h, G.DV + G.DPE, dtype=torch.bfloat16)
+    grid and the integer specializations; the descriptors' block shapes, the dtypes and
+    the alignment are what count). ``qlen`` > 1: a 4-D q."""
+    b, h = 2, heads
+    shape = (b, h) if qlen == 1 else (b, qlen, h)
+    q = torch.empty(*shape, G.DV + G.DPE, dtype=torch.bfloat16)
     kv = torch.empty(9, G.PAGE, 1, G.DV + G.DPE, dtype=torch.bfloat16)
     bt = torch.empty(b, 4, dtype=torch.int32)
     sl = torch.empty(b, dtype=torch.int32)
-    ws = torch.empty(b * h * splits * (G.DV + 1))
-    po = ws[:b * h * splits * G.DV].view(b, h, splits, G.DV)
-    pl = ws[b * h * splits * G.DV:].view(b, h, splits)
+    r = qlen * h
+    ws = torch.empty(b * r * splits * (G.DV + 1))
+    po = ws[:b * r * splits * G.DV].view(b, r, splits, G.DV)
+    pl = ws[b * r * splits * G.DV:].view(b, r, splits)
     _, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, overlap_pv)
     fn = G._gluon_mla_stage1
     sig, consts, attrs = {}, {}, {}
@@ -81,22 +86,29 @@ def ptxas_report(kernel, arch: int = 90) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--splits", default="1,2")
+    ap.add_argument("--rows", default="128x1", help="HEADSxQLEN list, e.g. 128x1,16x2")
+    ap.add_argument("--no-overlap", action="store_true", help="only the default PV wait")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
     args = ap.parse_args()
     bad = 0
-    for s, ov in ((int(x), ov) for x in args.splits.split(",") for ov in (False, True)):
+    shapes = [tuple(int(v) for v in x.split("x")) for x in args.rows.split(",")]
+    ovs = (False,) if args.no_overlap else (False, True)
+    for (h, t), s, ov in ((hq, int(x), ov) for hq in shapes for x in args.splits.split(",")
+                          for ov in ovs):
+        tag = {"heads": h, "qlen": t, "splits": s, "overlap_pv": ov}
         try:
-            k = compile_stage1(s, overlap_pv=ov)
+            k = compile_stage1(s, overlap_pv=ov, heads=h, qlen=t)
         except Exception as exc:  # noqa: BLE001 - report, exit 1
-            print(json.dumps({"splits": s, "overlap_pv": ov, "error": str(exc)[:4000]}))
+            print(json.dumps({**tag, "error": str(exc)[:4000]}))
             bad += 1
             continue
-        rep = {"splits": s, "overlap_pv": ov, **ptxas_report(k)}
+        rep = {**tag, **ptxas_report(k)}
         print(json.dumps(rep), flush=True)
         if args.dump:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
-            (Path(args.dump) / f"stage1_s{s}_ov{int(ov)}.ttgir").write_text(k.asm["ttgir"])
-            (Path(args.dump) / f"stage1_s{s}_ov{int(ov)}.ptx").write_text(k.asm["ptx"])
+            stem = f"stage1_h{h}q{t}_s{s}_ov{int(ov)}"
+            (Path(args.dump) / f"{stem}.ttgir").write_text(k.asm["ttgir"])
+            (Path(args.dump) / f"{stem}.ptx").write_text(k.asm["ptx"])
         bad += bool(rep["regs"] is None or rep["spill_store_bytes"]
                     or rep["shared_bytes"] > SMEM_LIMIT)
     return 1 if bad else 0

@@ -65,11 +65,18 @@ def test_heuristic_picks_gluon_and_graph_replays_ragged_lengths_and_tables():
         _close(out, reference_decode_attention(q, k, v, bt, sl, scale=scale))
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 4])
-def test_bits_stable_and_batch_invariant(splits):
-    b, hq, ctx = 12, 128, 8192
+@pytest.mark.parametrize("hq, q_len, splits", [(128, 1, 1), (128, 1, 2), (128, 1, 3),
+                                                (128, 1, 4), (16, 2, 3), (16, 4, 2),
+                                                (12, 2, 1), (128, 2, 2)])
+def test_bits_stable_and_batch_invariant(hq, q_len, splits):
+    """Rows of several new tokens (q ``[B, QLEN, H, 576]``) too: lengths from 1 (below
+    QLEN: tokens that see nothing get zeros)."""
+    b, ctx = 12, 8192
     q, k, v, bt, g = _inputs(b, hq, ctx, splits)
+    if q_len > 1:
+        q = torch.randn(b, q_len, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
     sl = torch.randint(1, ctx + 1, (b,), device="cuda", generator=g, dtype=torch.int32)
+    sl[0], sl[1] = 1, 65
     kw = dict(scale=DK ** -0.5, config={"kernel": "gluon", "num_kv_splits": splits,
                                         "block_n": 64, "block_h": 64, "num_warps": 8,
                                         "num_stages": 2})

@@ -9,7 +9,8 @@ import torch
 
 from kdispatch.device import Device
 from kdispatch.kernels.decode_attention import reference_decode_attention, spec
-from kdispatch.kernels.decode_attention.launch import checked_plan, launch_decode_attention
+from kdispatch.kernels.decode_attention.launch import (checked_plan, launch_decode_attention,
+                                                       plan)
 from kdispatch.registry import get_op
 from kdispatch.store import digest
 
@@ -31,15 +32,43 @@ def test_the_heuristic_takes_the_gluon_tile_for_128_heads_on_64_token_pages():
 
 
 @pytest.mark.parametrize("change", [
-    dict(kv_dtype="float8_e4m3fn"), dict(q_len=2), dict(page_size=16),
-    dict(num_q_heads=16), dict(num_q_heads=96), dict(head_dim=128, head_dim_v=128,
-                                                     num_kv_heads=8)])
+    dict(kv_dtype="float8_e4m3fn"), dict(page_size=16), dict(num_q_heads=8),
+    dict(num_q_heads=12), dict(num_q_heads=4, q_len=2), dict(sliding_window=4096),
+    dict(head_dim=128, head_dim_v=128, num_kv_heads=8)])
 def test_keys_the_gluon_tile_does_not_serve_keep_the_triton_tiles(change):
     key = _key(**change)
     assert not spec.gluon_fits(key)
     assert OP.heuristic(key).kernel == "triton"
     assert not spec.is_valid(key, spec.gluon_config(2))
     assert all(c.kernel == "triton" for c in OP.tuning.candidates(key))
+
+
+@pytest.mark.parametrize("change", [
+    dict(num_q_heads=16), dict(num_q_heads=16, q_len=2), dict(num_q_heads=16, q_len=4),
+    dict(num_q_heads=12, q_len=2), dict(num_q_heads=96), dict(q_len=2)])
+def test_row_tiles_the_gluon_tile_serves_are_tuning_candidates_not_the_heuristic(change):
+    """(token, head) rows of one request in 64-row tiles: gluon_fits from 16 rows on; the
+    heuristic keeps the Triton tile there until the H200 has measured them."""
+    key = _key(**change)
+    assert spec.gluon_fits(key) and spec.is_valid(key, spec.gluon_config(2))
+    assert OP.heuristic(key).kernel == "triton"
+    assert any(c.kernel == "gluon" for c in OP.tuning.candidates(key))
+
+
+@pytest.mark.parametrize("hq, q_len, q4d", [(16, 2, True), (16, 4, True), (128, 2, True),
+                                            (12, 2, True), (16, 1, False), (64, 1, True)])
+def test_the_gluon_plan_orders_rows_as_the_triton_latent_tile(hq, q_len, q4d):
+    b, splits = 3, 4
+    g = plan(spec.gluon_config(splits), b, hq, 576, 64, 1, 512, True, False, False, False,
+             q_len, q4d, gluon=True)
+    t = plan(spec.DecodeConfig(num_kv_splits=splits, block_n=64, block_h=64, num_warps=8,
+                               num_stages=2), b, hq, 576, 64, 1, 512, True, False, False,
+             False, q_len, q4d)
+    assert g.gluon and g.grid == t.grid == (-(-q_len * hq // 64), splits, b)
+    assert g.partials_shape == t.partials_shape == (b, hq * q_len, splits, 512)
+    assert g.out_shape == t.out_shape
+    assert g.constexprs["QLEN"] == q_len and g.reduce_constexprs["QLEN"] == q_len
+    assert g.reduce_grid[0] == hq * q_len and g.reduce_grid[2] == b
 
 
 def test_other_devices_never_get_the_gluon_tile():
@@ -77,17 +106,19 @@ def test_a_triton_config_serializes_as_before_the_kernel_field():
         spec.DecodeConfig(kernel="cuda")
 
 
-def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly():
+@pytest.mark.parametrize("hq, q_len", [(64, 1), (16, 2)])
+def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_len):
     g = torch.Generator().manual_seed(0)
-    b, hq, nb = 2, 64, 6
+    b, nb = 2, 6
     k = torch.randn(nb, 64, 1, 576, generator=g).to(torch.bfloat16)
     v = k[..., :512]
-    q = torch.randn(b, hq, 576, generator=g).to(torch.bfloat16)
+    shape = (b, hq) if q_len == 1 else (b, q_len, hq)
+    q = torch.randn(*shape, 576, generator=g).to(torch.bfloat16)
     bt = torch.tensor([[4, 1, 0], [2, 5, -1]], dtype=torch.int32)
     sl = torch.tensor([129, 65], dtype=torch.int32)
     cfg = spec.gluon_config(2)
     p = checked_plan(cfg, q, k, v, bt, sl, None, 0.0)
-    assert not p.gluon and p.latent and p.grid == (1, 2, b)
+    assert not p.gluon and p.latent and p.grid == (-(-q_len * hq // 64), 2, b)
     out = launch_decode_attention(cfg, q, k, v, bt, sl, scale=576 ** -0.5)
     ref = reference_decode_attention(q, k, v, bt, sl, scale=576 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

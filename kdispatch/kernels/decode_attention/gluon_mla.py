@@ -1,9 +1,14 @@
-"""A Gluon stage 1 for absorbed-MLA split-KV decode on sm_90 (prototype, not dispatched).
+"""A Gluon stage 1 for absorbed-MLA split-KV decode on sm_90 (``kernel="gluon"``).
 
-Issue 18's compute-bound regime: 64 query heads of one request per program (two
-warpgroups, ``num_warps=8``), one latent KV head whose rows are 576 wide (512 latent +
-64 rope; V is the first 512 columns of the same row), bf16, 64-token pages. Per 64-token
-page step:
+Issue 18's compute-bound regime: 64 rows of one request per program (two warpgroups,
+``num_warps=8``), one latent KV head whose rows are 576 wide (512 latent + 64 rope; V is
+the first 512 columns of the same row), bf16, 64-token pages. A request's rows are its
+``QLEN x H`` (new token, head) pairs, token-major as in the Triton latent stage 1
+(``_tile_rows``): row ``r`` is token ``r // H``, head ``r % H``, and sees the tokens
+``[0, seq_len - QLEN + 1 + r // H)`` (causal among the new tokens); the request's rows
+fill ``cdiv(QLEN * H, 64)`` programs, the last one's rows past ``QLEN * H`` are padding
+(q read from the next request or zero-filled by TMA, finite scores, nothing stored).
+Per 64-token page step:
 
 - the page's latent rows arrive by TMA (two descriptors over the same cache: the 512
   latent columns and the 64 rope columns) into a 2-stage shared-memory ring with one
@@ -25,8 +30,9 @@ end of the cache's row range, which TMA fills with zeros without reading memory,
 tokens' scores are -inf. Rows of the last (partial) page past the request's length are
 zeroed in shared memory before the PV MMA (a stale row must not turn ``0 * NaN`` into a
 NaN). The split of a request's tokens and the partials layout (``[B, H, splits, 512]``
-fp32 partial outputs, ``[B, H, splits]`` log2-sum-exp) are those of the Triton stage 1
-with ``BLOCK_N = 64``, so the existing :func:`_decode_reduce` merges them.
+fp32 partial outputs, ``[B, QLEN * H, splits]`` log2-sum-exp, row ``head * QLEN + token``)
+are those of the Triton stage 1 with ``BLOCK_N = 64``, so the existing
+:func:`_decode_reduce` (with ``QLEN``) merges them.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce
 
 LOG2E = 1.4426950408889634
-BLOCK_H = 64      # query heads per program
+BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
 PAGE = 64         # tokens per page = tokens per tile
 DV = 512          # latent (V) columns
 DPE = 64          # rope columns
@@ -77,6 +83,7 @@ def _gluon_mla_stage1(
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
     DV: gl.constexpr, DPE: gl.constexpr, OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr,
+    QLEN: gl.constexpr = 1,
 ):
     gl.static_assert(num_warps == 8)
     gl.static_assert(BLOCK_H == 64)
@@ -97,7 +104,8 @@ def _gluon_mla_stage1(
                                                 rank=2)
     zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
 
-    # the request's token range of this split: _split_range with BLOCK_N = PAGE
+    # the request's token range of this split: _split_range with BLOCK_N = PAGE (from
+    # seq_len: with QLEN > 1 the rows' own ends only mask)
     seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
     chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), PAGE) * PAGE, PAGE)
     start = split * chunk
@@ -118,7 +126,9 @@ def _gluon_mla_stage1(
     mbarrier.init(q_bar, count=1)
     fence_async_shared()
 
-    q_row = b * heads + pid_h * BLOCK_H
+    # the request's rows are contiguous in q's row view: the box starts at its first row
+    # plus the tile's (a box past the descriptor's end is zero-filled)
+    q_row = b * (QLEN * heads) + pid_h * BLOCK_H
     mbarrier.expect(q_bar, BLOCK_H * (DV + DPE) * 2)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
@@ -135,6 +145,9 @@ def _gluon_mla_stage1(
     acc = warpgroup_mma_init(gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout))
     s_zero = gl.zeros([BLOCK_H, PAGE], gl.float32, layout=s_layout)
     offs_t = gl.arange(0, PAGE, layout=col_s)
+    if QLEN > 1:  # each row's visible end: its token's causal limit, within the split
+        tok_s = (pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)) // heads
+        row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
     mbarrier.wait(q_bar, 0)
 
     for i in range(n_tiles):
@@ -166,8 +179,12 @@ def _gluon_mla_stage1(
 
         pg = gl.load(bt_row + n0 // PAGE)
         ok = (pg >= 0) & (pg < num_pages)
-        visible = ((n0 + offs_t) < end) & ok
-        s = gl.where(visible[None, :], s * qk_scale, float("-inf"))
+        if QLEN > 1:
+            visible = ((n0 + offs_t)[None, :] < row_end[:, None]) & ok
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+        else:
+            visible = ((n0 + offs_t) < end) & ok
+            s = gl.where(visible[None, :], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
@@ -191,18 +208,43 @@ def _gluon_mla_stage1(
     l_i = gl.sum(l_2d, 1)
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
     out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    # row r (token r // heads, head r % heads) goes to partial row head * QLEN + token
     rows_o = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+    prow_o = rows_o
+    if QLEN > 1:
+        prow_o = (rows_o % heads) * QLEN + rows_o // heads
     cols_o = gl.arange(0, DV, layout=col_o)
-    po = (PO + b * stride_pob + split * stride_pos + rows_o[:, None] * stride_poh
+    po = (PO + b * stride_pob + split * stride_pos + prow_o[:, None] * stride_poh
           + cols_o[None, :])
-    gl.store(po, out, mask=has_work & (cols_o[None, :] < DV))
+    gl.store(po, out, mask=has_work & (rows_o < QLEN * heads)[:, None]
+             & (cols_o[None, :] < DV))
     rows_s = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
-    gl.store(PL + b * stride_plb + rows_s * stride_plh + split, m_i + gl.log2(l_safe),
-             mask=has_work & (rows_s < heads))
+    prow_s = rows_s
+    if QLEN > 1:
+        prow_s = (rows_s % heads) * QLEN + rows_s // heads
+    gl.store(PL + b * stride_plb + prow_s * stride_plh + split, m_i + gl.log2(l_safe),
+             mask=has_work & (rows_s < QLEN * heads))
 
 
 def _smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def q_dims(q) -> tuple[int, int, int]:
+    """``(B, QLEN, H)`` of a ``[B, H, 576]`` or ``[B, QLEN, H, 576]`` q."""
+    if q.dim() == 3:
+        return q.shape[0], 1, q.shape[1]
+    return q.shape[0], q.shape[1], q.shape[2]
+
+
+def q_rows_uniform(q) -> bool:
+    """Whether q's ``B x QLEN x H`` rows are one 2-D view TMA can address: unit-stride
+    columns, one 16-byte aligned row stride, rows in (request, token, head) order."""
+    b, t, h = q_dims(q)
+    st = list(q.stride()) if q.dim() == 4 else [q.stride(0), 0, q.stride(1), q.stride(2)]
+    rs = st[2]
+    return (st[3] == 1 and rs % 8 == 0 and q.data_ptr() % 16 == 0
+            and (t == 1 or st[1] == h * rs) and (b == 1 or st[0] == t * h * rs))
 
 
 def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
@@ -211,11 +253,10 @@ def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
                     ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 3 or q.shape[2] != DV + DPE:
-        raise ValueError(f"q must be [B, H, {DV + DPE}], got {tuple(q.shape)}")
-    b, h, _ = q.shape
-    if h % BLOCK_H or h == 0:
-        raise ValueError(f"q heads must be a positive multiple of {BLOCK_H}, got {h}")
+    if q.dim() not in (3, 4) or q.shape[-1] != DV + DPE or 0 in q.shape:
+        raise ValueError(f"q must be [B, H, {DV + DPE}] or [B, QLEN, H, {DV + DPE}], got "
+                         f"{tuple(q.shape)}")
+    b = q.shape[0]
     if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
         raise TypeError(f"q and kv_cache must be bfloat16, got {q.dtype} and {kv_cache.dtype}")
     if kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != (PAGE, 1, DV + DPE):
@@ -245,11 +286,12 @@ def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
 
 
 def descriptors(q, kv_cache):
-    """(q latent, q rope, cache latent, cache rope) TMA descriptors over 2-D row views."""
-    b, h, d = q.shape
-    q2 = q if (q.stride(2) == 1 and q.stride(0) == h * q.stride(1) and q.stride(1) % 8 == 0
-               and q.data_ptr() % 16 == 0) else q.contiguous()
-    q_rows, q_stride = b * h, q2.stride(1)
+    """(q latent, q rope, cache latent, cache rope) TMA descriptors over 2-D row views
+    (q's rows: ``(b * QLEN + token) * H + head``), and the q they read."""
+    b, t, h = q_dims(q)
+    d = q.shape[-1]
+    q2 = q if q_rows_uniform(q) else q.contiguous()
+    q_rows, q_stride = b * t * h, q2.stride(-2)
     rows, kstride = kv_cache.shape[0] * PAGE, kv_cache.stride(1)
     lay = _smem_layout()
     # 1-D views over the rows' extent (rows may be padded: the row strides say how much)
@@ -263,43 +305,45 @@ def descriptors(q, kv_cache):
 
 def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
                        overlap_pv: bool = False):
-    """(grid, positional args, constexpr kwargs) of the Gluon stage 1."""
-    b, h, _ = q.shape
+    """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
+    ``(cdiv(QLEN * H, 64), splits, B)``, partials ``po`` ``[B, QLEN * H, splits, 512]``
+    and ``pl`` ``[B, QLEN * H, splits]`` (row ``head * QLEN + token``)."""
+    b, t, h = q_dims(q)
     qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
     args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl, float(scale) * LOG2E,
             block_table.shape[1] * PAGE, kv_cache.shape[0], h, block_table.stride(0),
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": PAGE, "DV": DV,
-          "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS}
-    return (h // BLOCK_H, num_kv_splits, b), args, kw
+          "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS, "QLEN": t}
+    return (-(-(t * h) // BLOCK_H), num_kv_splits, b), args, kw
 
 
 def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_splits: int,
                      out=None, workspace=None, overlap_pv: bool = False):
     """Absorbed-MLA decode: the Gluon stage 1, then the existing reduce. Returns ``out``
-    (``[B, H, 512]`` in q's dtype). ``workspace``: an fp32 tensor of at least
-    ``B * H * splits * 513`` elements to reuse (e.g. under graph capture). ``overlap_pv``:
+    (``[B, H, 512]``, or ``[B, QLEN, H, 512]`` for a 4-D q, in q's dtype). ``workspace``:
+    an fp32 tensor of at least ``B * QLEN * H * splits * 513`` elements to reuse (e.g. under graph capture). ``overlap_pv``:
     leave the PV MMA in flight into the next page's score MMA (ptxas then serializes the
     wgmmas: which is faster is for the GPU to say)."""
     check_args(q, kv_cache, block_table, seq_lens, num_kv_splits)
-    b, h, _ = q.shape
-    s = num_kv_splits
-    n_po = b * h * s * DV
+    b, t, h = q_dims(q)
+    s, rows = num_kv_splits, t * h
+    n_po = b * rows * s * DV
     if workspace is None:
-        workspace = torch.empty(n_po + b * h * s, dtype=torch.float32, device=q.device)
-    po = workspace[:n_po].view(b, h, s, DV)
-    pl = workspace[n_po:n_po + b * h * s].view(b, h, s)
+        workspace = torch.empty(n_po + b * rows * s, dtype=torch.float32, device=q.device)
+    po = workspace[:n_po].view(b, rows, s, DV)
+    pl = workspace[n_po:n_po + b * rows * s].view(b, rows, s)
     if out is None:
-        out = q.new_empty(b, h, DV)
+        out = q.new_empty(*q.shape[:-1], DV)
     grid, args, kw = stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, s, po, pl,
                                         overlap_pv)
-    COMPILED[(s, bool(overlap_pv))] = _gluon_mla_stage1[grid](*args, **kw)
+    COMPILED[(s, bool(overlap_pv), t)] = _gluon_mla_stage1[grid](*args, **kw)
     splits_p2 = max(16, 1 << max(0, s - 1).bit_length())
-    _decode_reduce[(h, 1, b)](
+    o_st = (out.stride(0), 0, out.stride(1)) if out.dim() == 3 else out.stride()[:3]
+    _decode_reduce[(rows, 1, b)](
         seq_lens, po, pl, out, 0, block_table.shape[1] * PAGE, seq_lens.stride(0),
-        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        out.stride(0), 0, out.stride(1),
+        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), *o_st,
         DV=DV, BLOCK_DV=DV, BLOCK_N=PAGE, NUM_KV_SPLITS=s, SPLITS_P2=splits_p2,
-        SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False, QLEN=1,
+        SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False, QLEN=t,
         num_warps=4, num_stages=2)
     return out

@@ -24,10 +24,10 @@ import triton
 from kdispatch import dispatcher as _dispatch
 from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
-from kdispatch.kernels.decode_attention.gluon_mla import _gluon_mla_stage1, stage1_launch_args
+from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, q_rows_uniform,
+                                                          stage1_launch_args)
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
-from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE, GLUON_ROWS,
-                                                     gluon_config)
+from kdispatch.kernels.decode_attention.spec import GLUON_HEAD_DIMS, GLUON_PAGE, gluon_config
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
@@ -91,7 +91,7 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     ``gluon``: stage 1 is the Gluon kernel, which always writes partials for the reduce.
     """
     if gluon:
-        return _gluon_plan(config, b, hq, dv)
+        return _gluon_plan(config, b, hq, dv, q_len, q4d)
     group = hq // hk
     block_h = int(config.block_h)
     head_blocks = triton.cdiv(q_len * group, block_h)
@@ -136,23 +136,26 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         log2e_scale=1.0 if capped else LOG2E, capped=capped)
 
 
-def _gluon_plan(config: Any, b: int, hq: int, dv: int) -> Plan:
-    """The Gluon stage 1 (64 heads of one request per program) and the reduce."""
+def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool) -> Plan:
+    """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
+    latent tile orders them) and the reduce."""
     splits = int(config.num_kv_splits)
     splits_p2 = max(16, _p2(splits))
     block_dv, reduce_warps = reduce_shape(hq, dv)
     return Plan(
-        latent=True, grid=(hq // int(config.block_h), splits, b),
+        latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), splits, b),
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
-                        PAGE=int(config.block_n), DV=dv, DPE=64, OVERLAP_PV=False),
+                        PAGE=int(config.block_n), DV=dv, DPE=64, OVERLAP_PV=False,
+                        QLEN=q_len),
         options={"num_warps": int(config.num_warps)},
-        reduce_grid=(hq, triton.cdiv(dv, block_dv), b),
+        reduce_grid=(hq * q_len, triton.cdiv(dv, block_dv), b),
         reduce_constexprs=dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
                                NUM_KV_SPLITS=splits, SPLITS_P2=splits_p2,
                                SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False,
-                               QLEN=1),
-        reduce_options={"num_warps": reduce_warps, "num_stages": 2}, out_shape=(b, hq, dv),
-        partials_shape=(b, hq, splits, dv), counters_shape=None, log2e_scale=LOG2E,
+                               QLEN=q_len),
+        reduce_options={"num_warps": reduce_warps, "num_stages": 2},
+        out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
+        partials_shape=(b, hq * q_len, splits, dv), counters_shape=None, log2e_scale=LOG2E,
         capped=False, gluon=True)
 
 
@@ -293,17 +296,18 @@ def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                block_table: torch.Tensor, seq_lens: torch.Tensor, sliding_window: Any,
                logit_cap: float, config: Any) -> bool:
     """Whether this call can run the Gluon stage 1 of ``config``: a GPU (not the
-    interpreter), a bf16 3-D q whose heads fill 64-row tiles, a bf16 latent of 64-token
-    pages whose 576-wide rows are contiguous, 16-byte aligned and packed page after page
-    (TMA copies a page as one box), unit-stride block-table rows and lengths, no window,
-    no logit cap, and the Gluon tile itself."""
+    interpreter), a bf16 q (3-D or 4-D) whose (request, token, head) rows share one row
+    stride (TMA reads a tile's rows as one box), a bf16 latent of 64-token pages whose
+    576-wide rows are contiguous, 16-byte aligned and packed page after page (TMA copies a
+    page as one box), unit-stride block-table rows and lengths, no window, no logit cap,
+    and the Gluon tile itself."""
     if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
         return False
     if config != gluon_config(int(config.num_kv_splits)):
         return False
     rows = k_cache.stride(1)
-    return (q.dim() == 3 and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
-            and shares_latent(k_cache, v_cache) and q.shape[1] % GLUON_ROWS == 0
+    return (q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+            and shares_latent(k_cache, v_cache) and q_rows_uniform(q)
             and tuple(k_cache.shape[1:]) == (GLUON_PAGE, 1, GLUON_HEAD_DIMS[0])
             and v_cache.shape[3] == GLUON_HEAD_DIMS[1] and k_cache.stride(3) == 1
             and k_cache.stride(0) == GLUON_PAGE * rows and rows % 8 == 0

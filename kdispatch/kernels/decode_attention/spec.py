@@ -115,6 +115,8 @@ MERGE_MAX_SPLITS_LATENT = 4
 GLUON_HEAD_DIMS = (576, 512)
 GLUON_PAGE = 64
 GLUON_ROWS = 64
+#: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
+GLUON_MIN_ROWS = 16
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
 
@@ -332,7 +334,7 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) 
 
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
-    if gluon_fits(key):
+    if gluon_fits(key) and key.q_len == 1 and key.num_q_heads % GLUON_ROWS == 0:
         # H200, session 12 (128 heads, 64-token pages): 328 us at b32 x 16k (2 splits)
         # against 563 us for the Triton tile; 95 vs 166 us at b32 x 4k
         cfg = gluon_config(split_count(key, GLUON_ROWS, GLUON_PAGE, 8))
@@ -368,13 +370,14 @@ def baseline(key: DecodeKey) -> DecodeConfig:
 
 def gluon_fits(key: DecodeKey) -> bool:
     """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: absorbed MLA with a
-    576/512 latent on 64-token pages, bf16, one query token, heads in whole 64-row tiles,
-    on an NVIDIA Hopper GPU (warpgroup MMA, TMA)."""
+    576/512 latent on 64-token pages, bf16, at least ``GLUON_MIN_ROWS`` (token, head) rows
+    a request (its 64-row tiles padded past them), on an NVIDIA Hopper GPU (warpgroup MMA,
+    TMA)."""
     return (key.latent and key.vendor == "nvidia" and key.arch == "sm_90"
             and key.head_dim == GLUON_HEAD_DIMS[0] and key.head_dim_v == GLUON_HEAD_DIMS[1]
             and key.page_size == GLUON_PAGE and key.dtype == "bfloat16"
-            and key.kv_dtype == "bfloat16" and key.q_len == 1
-            and key.num_q_heads % GLUON_ROWS == 0 and not key.sliding)
+            and key.kv_dtype == "bfloat16" and key.rows >= GLUON_MIN_ROWS
+            and not key.sliding)
 
 
 def gluon_config(splits: int) -> DecodeConfig:
