@@ -117,6 +117,11 @@ GLUON_PAGE = 64
 GLUON_ROWS = 64
 #: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
 GLUON_MIN_ROWS = 16
+#: the heuristic takes the Gluon tile from this many (token, head) rows per request. H200,
+#: session 12, b32 x 16,384, 64-token pages, Gluon / Triton tile: 128 heads 338 / 590 us,
+#: 128 heads x 2 tokens 645 / 1172, 16 x 4 181 / 337, 16 x 2 189 / 225; 16 heads x 1
+#: token (16 rows in the 64-row tile) 177 / 163: the Triton tile keeps 16 rows
+GLUON_HEURISTIC_MIN_ROWS = 32
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
 
@@ -334,9 +339,7 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) 
 
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
-    if gluon_fits(key) and key.q_len == 1 and key.num_q_heads % GLUON_ROWS == 0:
-        # H200, session 12 (128 heads, 64-token pages): 328 us at b32 x 16k (2 splits)
-        # against 563 us for the Triton tile; 95 vs 166 us at b32 x 4k
+    if gluon_fits(key) and key.rows >= GLUON_HEURISTIC_MIN_ROWS:
         cfg = gluon_config(split_count(key, GLUON_ROWS, GLUON_PAGE, 8))
         if is_valid(key, cfg):
             return cfg
