@@ -1,22 +1,24 @@
 """Check and time the Gluon MLA stage 1 (issue 18) against the fp32 reference and the
 kdispatch Triton latent tile, in one GPU command (H100/H200, sm_90)::
 
-    OUT=$OUT PYTHONPATH=. python3 tools/gluon_mla_check.py [--phases correct,bad-pages,...]
+    OUT=$OUT PYTHONPATH=. python3 tools/gluon_mla_check.py [--pages 16,32] [--time-pages 16]
+        [--phases correct,time] [--shapes all]
 
 A program's 64 rows are (new token, head) pairs of one request (QLEN new tokens a request,
-q ``[B, QLEN, H, 576]``; ``[B, H, 576]`` when QLEN is 1).
-(a) ``correct``: (H, QLEN) in (16,1) (16,2) (16,4) (128,1) (128,2) (12,2) at splits 1-3,
-through the dispatcher with the Gluon config (and ``gluon_mla_decode`` directly at 2
-splits), ragged lengths 1, 2, 63, 64, 65, 1000 (lengths below QLEN: a token that sees no
-cached token gets zeros, as the reference and the Triton path give), -1 page ids in the
-unused table slots, NaN in the cache rows past each length and in unused pages; one
-request alone (fewer rows than the q box);
-(b) ``bad-pages``: a bad page id inside a request's range, against the reference over the
-remaining pages;
-(c) ``time-16`` / ``time-128``: batch 32 x 16,384, CUDA-graph replays (medians), TFLOPS on
-the real rows: the Triton tile at kdispatch's heuristic config (the Triton branch of the
-heuristic where it picks Gluon) against Gluon (stage 1 + reduce through the dispatcher,
-and stage 1 alone) at several split counts.
+q ``[B, QLEN, H, 576]``; ``[B, H, 576]`` when QLEN is 1); a tile is 64 tokens, ``64 // P``
+pages of the cache's page size P (16, 32 or 64), each page its own TMA copies.
+(a) ``correct-P`` (each P of ``--pages``): (H, QLEN) in (16,2) (128,1) (16,1) (with
+``--shapes all`` also (16,4) (128,2) (12,2)) at splits 1-3, through the dispatcher with the
+Gluon config (and ``gluon_mla_decode`` directly at 2 splits), ragged lengths 1, 2, 15, 16,
+17, 63, 64, 65, 1000 (lengths below QLEN: a token that sees no cached token gets zeros, as
+the reference and the Triton path give), -1 page ids in the unused table slots, NaN in the
+cache rows past each length and in unused pages; then bad page ids inside a request's
+range (out of range, negative), against the reference over the remaining pages;
+(b) ``time-P`` (each P of ``--time-pages``): batch 32 x 16,384, (16,1) (16,2) at splits
+2, 4, 8 and (128,1) at 1, 2 (``--shapes all``: also (16,4), (128,2)), CUDA-graph replays
+(medians), TFLOPS on the real rows: the Triton tile at kdispatch's heuristic config (the
+Triton branch of the heuristic where it picks Gluon) against Gluon (stage 1 + reduce
+through the dispatcher, and stage 1 alone).
 Each phase runs in its own process with a time limit. Writes $OUT/gluon_mla_check.json.
 """
 
@@ -40,7 +42,7 @@ import triton
 import kdispatch
 from kdispatch.kernels.decode_attention.reference import reference_decode_attention
 
-PAGE, DK, DV = 64, 576, 512
+DK, DV = 576, 512
 GRAPH_US, MAX_CALLS = 1000.0, 32
 RESULT: dict = {"correctness": [], "timing": [], "errors": [], "compiled": {}}
 GLUON = {"kernel": "gluon", "block_n": 64, "block_h": 64, "num_warps": 8, "num_stages": 2}
@@ -76,9 +78,10 @@ def _q(b: int, qlen: int, hq: int, g, dev):
     return torch.randn(*shape, DK, generator=g, device=dev).to(torch.bfloat16)
 
 
-def small_case(hq: int, qlen: int, lens: list[int], dev, seed: int = 0):
+def small_case(hq: int, qlen: int, lens: list[int], dev, seed: int = 0, page: int = 64):
     """A ragged batch: permuted pages, -1 in unused slots, NaN rows past each length."""
     g = torch.Generator(device=dev).manual_seed(seed)
+    PAGE = page
     max_pages = max(-(-n // PAGE) for n in lens) + 1
     used = [-(-n // PAGE) for n in lens]
     nb = sum(used) + 3
@@ -107,21 +110,22 @@ def _compare(row: dict, name: str, got, ref) -> bool:
     return ok
 
 
-CORRECT_SHAPES = [(16, 1), (16, 2), (16, 4), (128, 1), (128, 2), (12, 2)]
+CORRECT_SHAPES = [(16, 2), (128, 1), (16, 1)]
+MORE_SHAPES = [(16, 4), (128, 2), (12, 2)]
+LENS = [1, 2, 15, 16, 17, 63, 64, 65, 1000]
 
 
-def check_correctness(G, dev) -> None:
+def check_correctness(G, dev, page: int, shapes) -> None:
     from kdispatch.kernels.decode_attention.launch import checked_plan
     from kdispatch.kernels.decode_attention.spec import DecodeConfig
-    cases = [(hq, t, s, [1, 2, 63, 64, 65, 1000]) for hq, t in CORRECT_SHAPES
-             for s in (1, 2, 3)]
-    cases += [(16, 1, 2, [1000]), (12, 2, 3, [65])]  # one request: fewer rows than the box
+    cases = [(hq, t, s, LENS) for hq, t in shapes for s in (1, 2, 3)]
+    cases += [(16, 1, 2, [1000]), (16, 2, 3, [65])]  # one request: fewer rows than the box
     for hq, qlen, splits, lens in cases:
-        q, k, bt, sl = small_case(hq, qlen, lens, dev, seed=hq + 7 * qlen + splits)
+        q, k, bt, sl = small_case(hq, qlen, lens, dev, seed=hq + 7 * qlen + splits, page=page)
         scale = DK ** -0.5
         v = k[..., :DV]
         ref = reference_decode_attention(q, k, v, bt, sl, scale=scale)
-        row = {"case": f"h{hq} qlen{qlen} lens{lens} splits{splits}"}
+        row = {"case": f"page{page} h{hq} qlen{qlen} lens{lens} splits{splits}"}
         ok = True
         try:
             cfg = {**GLUON, "num_kv_splits": splits}
@@ -143,24 +147,33 @@ def check_correctness(G, dev) -> None:
             f"{row.get('dispatch_max_err')} direct err {row.get('direct_max_err')}")
 
 
-def check_bad_pages(G, dev) -> None:
-    """A bad page id inside a request's range: the reference over the other pages."""
-    for hq, qlen in ((64, 1), (16, 2)):
-        q, k, bt, sl = small_case(hq, qlen, [1000, 300], dev, seed=7)
+#: bad page ids inside the ranges of requests of 1000 and 300 tokens: (request, slot, id)
+#: with id None: past the cache (num_pages + 7); slots 3 and 5: the last and the second
+#: page of a tile at 16-token pages, 5 the second of tile 2 at 32
+BAD_SLOTS = [(0, 3, None), (0, 5, -1), (1, 0, -5)]
+
+
+def check_bad_pages(G, dev, page: int) -> None:
+    """Bad page ids inside a request's range: the reference over the other pages."""
+    for hq, qlen, splits in ((64, 1, 2), (16, 2, 3), (128, 1, 1)):
+        q, k, bt, sl = small_case(hq, qlen, [1000, 300], dev, seed=7, page=page)
         nb = k.shape[0]
         bad = bt.clone()
-        bad[0, 3] = nb + 7
-        bad[1, 0] = -5
-        ref_bt = bt.clone()
-        ref_bt[0, 3:-1] = bt[0, 4:].clone()
-        ref_bt[1, 0:-1] = bt[1, 1:].clone()
-        ref = reference_decode_attention(q, k, k[..., :DV], ref_bt, sl - PAGE,
-                                         scale=DK ** -0.5)
-        row = {"case": f"h{hq} qlen{qlen} bad page ids inside the range (nb+7 at slot 3, "
-                       "-5 at slot 0)"}
+        for r, slot, pid in BAD_SLOTS:
+            bad[r, slot] = nb + 7 if pid is None else pid
+        ref_bt = torch.full_like(bt, -1)
+        ref_sl = sl.clone()
+        for r in range(bt.shape[0]):
+            skip = {slot for rr, slot, _ in BAD_SLOTS if rr == r}
+            keep = [int(x) for j, x in enumerate(bt[r].tolist()) if j not in skip]
+            ref_bt[r, :len(keep)] = torch.tensor(keep, dtype=torch.int32)
+            ref_sl[r] -= page * len(skip)
+        ref = reference_decode_attention(q, k, k[..., :DV], ref_bt, ref_sl, scale=DK ** -0.5)
+        row = {"case": f"page{page} h{hq} qlen{qlen} splits{splits} bad page ids inside the "
+                       f"range {BAD_SLOTS}"}
         try:
             got = kdispatch.decode_attention(q, k, k[..., :DV], bad, sl, scale=DK ** -0.5,
-                                             config={**GLUON, "num_kv_splits": 2})
+                                             config={**GLUON, "num_kv_splits": splits})
             torch.cuda.synchronize()
             row["gluon_ok"] = _compare(row, "dispatch", got, ref)
         except Exception as exc:  # noqa: BLE001
@@ -194,11 +207,11 @@ def time_fn(fn) -> float:
     return med * 1e3 / n
 
 
-def big_case(b: int, ctx: int, hq: int, qlen: int, dev):
+def big_case(b: int, ctx: int, hq: int, qlen: int, dev, page: int = 64):
     g = torch.Generator(device=dev).manual_seed(1)
-    pages = ctx // PAGE
+    pages = ctx // page
     nb = b * pages + 3
-    k = torch.randn(nb, PAGE, 1, DK, generator=g, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(nb, page, 1, DK, generator=g, device=dev, dtype=torch.bfloat16)
     q = _q(b, qlen, hq, g, dev)
     bt = torch.randperm(nb, generator=g, device=dev)[:b * pages].view(b, pages).to(torch.int32)
     sl = torch.full((b,), ctx, dtype=torch.int32, device=dev)
@@ -224,13 +237,14 @@ def triton_config(q, k, v, bt, sl):
         S.gluon_fits = fits
 
 
-def time_shape(G, dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict) -> None:
+def time_shape(G, dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict,
+               page: int = 64) -> None:
     name = row["shape"]
-    q, k, bt, sl = big_case(b, ctx, hq, qlen, dev)
+    q, k, bt, sl = big_case(b, ctx, hq, qlen, dev, page)
     v = k[..., :DV]
     scale = DK ** -0.5
     flops = 2.0 * b * qlen * hq * ctx * (DK + DV)  # the real rows only
-    row.update(batch=b, context=ctx, heads=hq, qlen=qlen, flops=flops)
+    row.update(batch=b, context=ctx, heads=hq, qlen=qlen, page=page, flops=flops)
     ref = None
     try:  # the fp32 reference on the first requests only (the loop is per request)
         ref = reference_decode_attention(q[:2], k, v, bt[:2], sl[:2], scale=scale)
@@ -301,28 +315,30 @@ def compiled_info(G) -> None:
         fail("compiled info", exc)
 
 
-PHASES = ("correct", "bad-pages", "time-16", "time-128")
+KINDS = ("correct", "time")
 #: seconds each phase may run (a hung kernel is killed with its process, the rest goes on)
-PHASE_LIMIT = {"correct": 75, "bad-pages": 30, "time-16": 90, "time-128": 60}
+PHASE_LIMIT = {"correct": 45, "time": 75}
 #: (heads, QLEN, split counts) timed at batch 32 x 16,384: the 16-head grids need splits
 #: to fill 132 SMs (32 x 1 head block x splits)
-TIMED = {"time-16": [(16, 1, (2, 4, 8)), (16, 2, (2, 4, 8)), (16, 4, (2, 4, 8))],
-         "time-128": [(128, 1, (1, 2)), (128, 2, (1, 2))]}
+TIMED = [(16, 1, (2, 4, 8)), (16, 2, (2, 4, 8)), (128, 1, (1, 2))]
+MORE_TIMED = [(16, 4, (2, 4, 8)), (128, 2, (1, 2))]
 
 
 def run_phase(phase: str, args) -> None:
     dev = torch.device("cuda")
     G = gluon_module()
-    if phase == "correct":
-        check_correctness(G, dev)
-    elif phase == "bad-pages":
-        check_bad_pages(G, dev)
+    kind, page = phase.rsplit("-", 1)
+    page = int(page)
+    every = args.shapes == "all"
+    if kind == "correct":
+        check_correctness(G, dev, page, CORRECT_SHAPES + (MORE_SHAPES if every else []))
+        check_bad_pages(G, dev, page)
     else:
-        for hq, qlen, splits in TIMED[phase]:
-            row = {"shape": f"h{hq} qlen{qlen} b{args.batch} x {args.context}"}
+        for hq, qlen, splits in TIMED + (MORE_TIMED if every else []):
+            row = {"shape": f"page{page} h{hq} qlen{qlen} b{args.batch} x {args.context}"}
             RESULT["timing"].append(row)  # filled in place: a killed child keeps its part
             try:
-                time_shape(G, dev, args.batch, args.context, hq, qlen, splits, row)
+                time_shape(G, dev, args.batch, args.context, hq, qlen, splits, row, page)
             except Exception as exc:  # noqa: BLE001
                 fail(f"timing {row['shape']}", exc)
             torch.cuda.empty_cache()
@@ -332,11 +348,14 @@ def run_phase(phase: str, args) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--phases", default=",".join(KINDS), help="kinds: correct,time")
+    ap.add_argument("--pages", default="16,32", help="page sizes checked for correctness")
+    ap.add_argument("--time-pages", default="16", help="page sizes timed")
+    ap.add_argument("--shapes", choices=("default", "all"), default="default")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=16384)
-    ap.add_argument("--budget", type=float, default=225.0, help="seconds for all phases")
-    ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a child's one phase
+    ap.add_argument("--budget", type=float, default=170.0, help="seconds for all phases")
+    ap.add_argument("--phase", help=argparse.SUPPRESS)  # a child's one phase: KIND-PAGE
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -351,15 +370,20 @@ def main() -> int:
     RESULT["phases"] = {}
     log(f"{RESULT['device']} torch {torch.__version__} triton {triton.__version__}")
     path = out_dir / "gluon_mla_check.json"
-    for phase in [p for p in args.phases.split(",") if p]:
+    kinds = [p for p in args.phases.split(",") if p]
+    corr, tim = ([f"{kind}-{pg}" for pg in (args.pages if kind == "correct" else
+                                             args.time_pages).split(",") if pg and kind in kinds]
+                 for kind in KINDS)
+    phases = corr[:1] + tim + corr[1:]  # the timing is not starved by a slow correctness run
+    for phase in phases:
         left = args.budget - (time.time() - t0)
-        limit = min(PHASE_LIMIT[phase], left)
+        limit = min(PHASE_LIMIT[phase.split("-")[0]], left)
         if limit < 15:
             RESULT["phases"][phase] = "skipped: out of time"
             log(f"phase {phase}: skipped, {left:.0f}s left")
             continue
         cmd = [sys.executable, __file__, "--phase", phase, "--batch", str(args.batch),
-               "--context", str(args.context)]
+               "--context", str(args.context), "--shapes", args.shapes]
         part = out_dir / f"gluon_mla_check.{phase}.json"
         part.unlink(missing_ok=True)
         t1 = time.time()

@@ -2,10 +2,11 @@
 on a machine without a GPU and report ptxas's registers and spills and the shared memory::
 
     PYTHONPATH=. python tools/gluon_mla_compile.py [--splits 1,2] [--rows 128x1,16x2]
-        [--no-overlap] [--dump DIR]
+        [--page 16,32,64] [--no-overlap] [--dump DIR]
 
-Prints one JSON line per (heads x QLEN, split count, overlap_pv); exits 1 when a compile fails, spills, or needs more
-than the 227 KB of shared memory an sm_90 block may have. Run without TRITON_INTERPRET.
+Prints one JSON line per (page size, heads x QLEN, split count, overlap_pv); exits 1 when a
+compile fails, spills, or needs more than the 227 KB of shared memory an sm_90 block may
+have. Run without TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ SMEM_LIMIT = 227 * 1024
 
 
 def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False, heads: int = 128,
-                   qlen: int = 1):
+                   qlen: int = 1, page: int = 64):
     """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
     grid and the integer specializations; the descriptors' block shapes, the dtypes and
-    the alignment are what count). ``qlen`` > 1: a 4-D q."""
+    the alignment are what count). ``qlen`` > 1: a 4-D q; ``page``: the cache's page size."""
     b, h = 2, heads
     shape = (b, h) if qlen == 1 else (b, qlen, h)
     q = torch.empty(*shape, G.DV + G.DPE, dtype=torch.bfloat16)
-    kv = torch.empty(9, G.PAGE, 1, G.DV + G.DPE, dtype=torch.bfloat16)
+    kv = torch.empty(9, page, 1, G.DV + G.DPE, dtype=torch.bfloat16)
     bt = torch.empty(b, 4, dtype=torch.int32)
     sl = torch.empty(b, dtype=torch.int32)
     r = qlen * h
@@ -87,17 +88,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--splits", default="1,2")
     ap.add_argument("--rows", default="128x1", help="HEADSxQLEN list, e.g. 128x1,16x2")
+    ap.add_argument("--page", default="64", help="cache page sizes, e.g. 16,32,64")
     ap.add_argument("--no-overlap", action="store_true", help="only the default PV wait")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
     args = ap.parse_args()
     bad = 0
     shapes = [tuple(int(v) for v in x.split("x")) for x in args.rows.split(",")]
     ovs = (False,) if args.no_overlap else (False, True)
-    for (h, t), s, ov in ((hq, int(x), ov) for hq in shapes for x in args.splits.split(",")
-                          for ov in ovs):
-        tag = {"heads": h, "qlen": t, "splits": s, "overlap_pv": ov}
+    pages = [int(x) for x in args.page.split(",")]
+    for pg, (h, t), s, ov in ((pg, hq, int(x), ov) for pg in pages for hq in shapes
+                              for x in args.splits.split(",") for ov in ovs):
+        tag = {"page": pg, "heads": h, "qlen": t, "splits": s, "overlap_pv": ov}
         try:
-            k = compile_stage1(s, overlap_pv=ov, heads=h, qlen=t)
+            k = compile_stage1(s, overlap_pv=ov, heads=h, qlen=t, page=pg)
         except Exception as exc:  # noqa: BLE001 - report, exit 1
             print(json.dumps({**tag, "error": str(exc)[:4000]}))
             bad += 1
@@ -106,7 +109,7 @@ def main() -> int:
         print(json.dumps(rep), flush=True)
         if args.dump:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
-            stem = f"stage1_h{h}q{t}_s{s}_ov{int(ov)}"
+            stem = f"stage1_p{pg}_h{h}q{t}_s{s}_ov{int(ov)}"
             (Path(args.dump) / f"{stem}.ttgir").write_text(k.asm["ttgir"])
             (Path(args.dump) / f"{stem}.ptx").write_text(k.asm["ptx"])
         bad += bool(rep["regs"] is None or rep["spill_store_bytes"]

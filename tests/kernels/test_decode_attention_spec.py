@@ -12,6 +12,7 @@ from kdispatch.kernels.decode_attention import OP as SPEC
 from kdispatch.kernels.decode_attention.spec import (
     MAX_CANDIDATES, WORKSPACE_BUDGET, DecodeConfig, DecodeKey,
 )
+from kdispatch.kernels.decode_attention import spec as spec_module
 from kdispatch.kernels.decode_attention.spec import workspace_bytes as _workspace_bytes
 from kdispatch.registry import get_op
 
@@ -203,13 +204,17 @@ def test_merge_is_a_candidate_for_split_grids(device):
     (dict(batch=4, num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128,
           context=262144), 8, False),                            # GQA keeps the reduce kernel
 ])
-def test_heuristic_merges_latent_grids_of_few_splits(kw, splits, merge):
+def test_heuristic_merges_latent_grids_of_few_splits(kw, splits, merge, monkeypatch):
+    # the Triton tiles' rule (128 heads on 16-token pages take the Gluon tile on sm_90)
+    monkeypatch.setattr(spec_module, "gluon_fits", lambda k: False)
     h = SPEC.heuristic(key(**kw))
     assert (h.num_kv_splits, h.merge, h.pdl) == (splits, merge, False)
 
 
-def test_merge_heuristic_only_where_measured():
+def test_merge_heuristic_only_where_measured(monkeypatch):
     kw = dict(batch=32, num_q_heads=128, context=16384)
+    assert SPEC.heuristic(SPEC.key(H200, {**KIMI, **kw})) == spec_module.gluon_config(2)
+    monkeypatch.setattr(spec_module, "gluon_fits", lambda k: False)  # the Triton tile's rule
     nv = SPEC.heuristic(SPEC.key(H200, {**KIMI, **kw}))
     assert 1 < nv.num_kv_splits <= 4 and nv.merge  # measured on the H200
     k = SPEC.key(Device.from_key("amd-mi355x"), {**KIMI, **kw})

@@ -32,7 +32,8 @@ def test_the_heuristic_takes_the_gluon_tile_for_128_heads_on_64_token_pages():
 
 
 @pytest.mark.parametrize("change", [
-    dict(kv_dtype="float8_e4m3fn"), dict(page_size=16), dict(num_q_heads=8),
+    dict(kv_dtype="float8_e4m3fn"), dict(page_size=8), dict(page_size=128),
+    dict(page_size=1), dict(num_q_heads=8),
     dict(num_q_heads=12), dict(num_q_heads=4, q_len=2), dict(sliding_window=4096),
     dict(head_dim=128, head_dim_v=128, num_kv_heads=8)])
 def test_keys_the_gluon_tile_does_not_serve_keep_the_triton_tiles(change):
@@ -41,6 +42,23 @@ def test_keys_the_gluon_tile_does_not_serve_keep_the_triton_tiles(change):
     assert OP.heuristic(key).kernel == "triton"
     assert not spec.is_valid(key, spec.gluon_config(2))
     assert all(c.kernel == "triton" for c in OP.tuning.candidates(key))
+
+
+@pytest.mark.parametrize("page", [16, 32])
+def test_pages_of_16_and_32_tokens_fit_the_64_token_tile(page):
+    """The tile stays 64 tokens (``block_n``) of ``64 // page`` pages: the same config; the
+    heuristic's rule (32 rows or more) takes it there as on 64-token pages."""
+    key = _key(page_size=page)
+    assert spec.gluon_fits(key) and spec.is_valid(key, spec.gluon_config(2))
+    assert OP.heuristic(key) == spec.gluon_config(2)
+    for change, gluon in ((dict(num_q_heads=16), False), (dict(num_q_heads=16, q_len=2), True)):
+        k = _key(page_size=page, **change)
+        assert spec.gluon_fits(k) and (OP.heuristic(k).kernel == "gluon") == gluon
+        assert any(c.kernel == "gluon" for c in OP.tuning.candidates(k))
+    g = plan(spec.gluon_config(4), 3, 16, 576, page, 1, 512, True, False, False, False, 2, True,
+             gluon=True)
+    assert g.constexprs["PAGE"] == page and g.constexprs["BLOCK_N"] == 64
+    assert g.reduce_constexprs["BLOCK_N"] == 64 and g.grid == (1, 4, 3)
 
 
 @pytest.mark.parametrize("change, gluon", [
@@ -108,15 +126,17 @@ def test_a_triton_config_serializes_as_before_the_kernel_field():
         spec.DecodeConfig(kernel="cuda")
 
 
-@pytest.mark.parametrize("hq, q_len", [(64, 1), (16, 2)])
-def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_len):
+@pytest.mark.parametrize("hq, q_len, page", [(64, 1, 64), (16, 2, 64), (16, 2, 16)])
+def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_len, page):
     g = torch.Generator().manual_seed(0)
-    b, nb = 2, 6
-    k = torch.randn(nb, 64, 1, 576, generator=g).to(torch.bfloat16)
+    b, nb = 2, 6 * 64 // page
+    k = torch.randn(nb, page, 1, 576, generator=g).to(torch.bfloat16)
     v = k[..., :512]
     shape = (b, hq) if q_len == 1 else (b, q_len, hq)
     q = torch.randn(*shape, 576, generator=g).to(torch.bfloat16)
-    bt = torch.tensor([[4, 1, 0], [2, 5, -1]], dtype=torch.int32)
+    r = 64 // page  # each 64-token block of the table as r pages
+    bt = torch.tensor([[x * r + j if x >= 0 else -1 for x in row for j in range(r)]
+                       for row in ([4, 1, 0], [2, 5, -1])], dtype=torch.int32)
     sl = torch.tensor([129, 65], dtype=torch.int32)
     cfg = spec.gluon_config(2)
     p = checked_plan(cfg, q, k, v, bt, sl, None, 0.0)

@@ -18,16 +18,17 @@ from kdispatch.kernels.decode_attention import gluon_mla as G
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _inputs(b=2, h=64, pages=3, nb=8):
+def _inputs(b=2, h=64, pages=3, nb=8, page=64):
     q = torch.zeros(b, h, 576, dtype=torch.bfloat16)
-    kv = torch.zeros(nb, 64, 1, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(nb, page, 1, 576, dtype=torch.bfloat16)
     bt = torch.zeros(b, pages, dtype=torch.int32)
     sl = torch.ones(b, dtype=torch.int32)
     return q, kv, bt, sl
 
 
-def test_valid_arguments_pass():
-    G.check_args(*_inputs(), 2)
+@pytest.mark.parametrize("page", [16, 32, 64])
+def test_valid_arguments_pass(page):
+    G.check_args(*_inputs(page=page), 2)
 
 
 @pytest.mark.parametrize("change, exc, words", [
@@ -35,7 +36,9 @@ def test_valid_arguments_pass():
     (lambda a: (a[0][None, None], *a[1:]), ValueError, "QLEN"),
     (lambda a: (a[0].float(), *a[1:]), TypeError, "bfloat16"),
     (lambda a: (a[0][..., :512], *a[1:]), ValueError, "576"),
-    (lambda a: (a[0], a[1][:, :16], *a[2:]), ValueError, "num_pages, 64, 1, 576"),
+    (lambda a: (a[0], a[1][:, :8], *a[2:]), ValueError, r"page in \(16, 32, 64\), 1, 576"),
+    (lambda a: (a[0], torch.zeros(2, 128, 1, 576, dtype=torch.bfloat16), *a[2:]), ValueError,
+     "num_pages, page in"),
     (lambda a: (a[0], a[1].view(8, 64, 2, 288), *a[2:]), ValueError, "num_pages"),
     (lambda a: (a[0], a[1][:, ::1, :, :].transpose(0, 1).contiguous().transpose(0, 1),
                 *a[2:]), ValueError, "pages packed"),
@@ -72,6 +75,26 @@ def test_descriptors_cover_the_rows():
     heads_major = torch.zeros(128, 3, 576, dtype=torch.bfloat16).transpose(0, 1)
     qd, _, _, _, q2 = G.descriptors(heads_major, kv)
     assert qd.strides == [576, 1] and q2.is_contiguous()
+
+
+@pytest.mark.parametrize("page", [16, 32])
+def test_small_pages_are_page_row_boxes_of_a_64_token_tile(page):
+    """A page is its own TMA box (``page`` rows) over ``num_pages * page`` cache rows; the
+    tile stays 64 tokens (``BLOCK_N``), ``PAGE`` is the cache's page size."""
+    q, kv, bt, sl = _inputs(b=3, h=128, nb=5, page=page)
+    qd, _, kd, ped, _ = G.descriptors(q, kv)
+    assert qd.block_shape == [64, 512]
+    assert (kd.shape, kd.strides, kd.block_shape) == ([5 * page, 512], [576, 1], [page, 512])
+    assert (ped.shape, ped.block_shape) == ([5 * page, 64], [page, 64])
+    assert ped.base.data_ptr() == kv.data_ptr() + 512 * 2
+    po, pl = torch.empty(3, 128, 2, 512), torch.empty(3, 128, 2)
+    grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, 2, po, pl)
+    assert kw["PAGE"] == page and kw["BLOCK_N"] == 64 and grid == (2, 2, 3)
+    assert args[9] == bt.shape[1] * page and args[10] == 5  # max_len, num_pages
+    # a padded row stride (pages still packed) is one descriptor stride
+    wide = torch.zeros(5, page, 1, 640, dtype=torch.bfloat16)[..., :576]
+    G.check_args(q, wide, bt, sl, 2)
+    assert G.descriptors(q, wide)[2].strides == [640, 1]
 
 
 def test_rows_of_several_tokens_are_one_view_in_request_token_head_order():
@@ -112,3 +135,20 @@ def test_compiles_for_sm90a_without_spills():
         assert rep["spill_store_bytes"] == 0 and rep["shared_bytes"] <= 227 * 1024, rep
         assert rep["wgmma"] == 40, rep
     assert not any(r["serialized_wgmma_warning"] for r in reps if not r["overlap_pv"])
+
+
+def test_compiles_at_pages_16_and_32_without_spills():
+    """Each page of the 64-token tile its own pair of TMA copies: the same MMAs, no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"),
+                          "--splits", "2", "--rows", "128x1,16x2,16x1", "--page", "16,32",
+                          "--no-overlap"], check=False, capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    reps = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert sorted({(r["page"], r["heads"], r["qlen"]) for r in reps}) == [
+        (16, 16, 1), (16, 16, 2), (16, 128, 1), (32, 16, 1), (32, 16, 2), (32, 128, 1)]
+    for rep in reps:
+        assert rep["spill_store_bytes"] == 0 and rep["shared_bytes"] <= 227 * 1024, rep
+        assert rep["wgmma"] == 40 and not rep["serialized_wgmma_warning"], rep

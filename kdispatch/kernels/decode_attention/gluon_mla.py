@@ -2,36 +2,40 @@
 
 Issue 18's compute-bound regime: 64 rows of one request per program (two warpgroups,
 ``num_warps=8``), one latent KV head whose rows are 576 wide (512 latent + 64 rope; V is
-the first 512 columns of the same row), bf16, 64-token pages. A request's rows are its
+the first 512 columns of the same row), bf16, 16-, 32- or 64-token pages (``PAGE``) in
+64-token tiles (``BLOCK_N``). A request's rows are its
 ``QLEN x H`` (new token, head) pairs, token-major as in the Triton latent stage 1
 (``_tile_rows``): row ``r`` is token ``r // H``, head ``r % H``, and sees the tokens
 ``[0, seq_len - QLEN + 1 + r // H)`` (causal among the new tokens); the request's rows
 fill ``cdiv(QLEN * H, 64)`` programs, the last one's rows past ``QLEN * H`` are padding
 (q read from the next request or zero-filled by TMA, finite scores, nothing stored).
-Per 64-token page step:
+Per 64-token tile step:
 
-- the page's latent rows arrive by TMA (two descriptors over the same cache: the 512
-  latent columns and the 64 rope columns) into a 2-stage shared-memory ring with one
-  mbarrier per stage; q (64 x 576) is loaded by TMA once and stays in shared memory;
+- the tile's ``64 // PAGE`` pages arrive by TMA (each page two copies, ``PAGE``-row boxes
+  of two descriptors over the same cache: the 512 latent columns and the 64 rope columns,
+  into rows ``j * PAGE`` of the stage's tile) into a 2-stage shared-memory ring with one
+  mbarrier per stage (all ``64 // PAGE`` pages are always copied: the tile's bytes are one
+  constant); q (64 x 576) is loaded by TMA once and stays in shared memory;
 - ``S = q_pe k_pe^T + q_lat k_lat^T`` by warpgroup MMA (64 x 64, each warpgroup 32 of
   the 64 token columns), the online softmax in registers (log2 units);
 - ``P`` (bf16) goes through shared memory and ``O += P V`` by warpgroup MMA reads V from
   the same latent tile; the output's 512 columns are split between the two warpgroups
   (each holds a 64 x 256 fp32 accumulator, 128 registers a thread).
 
-The next page's copy goes into the other stage as soon as both warpgroups are done with
-it: by default the PV MMA is waited at the end of each page, so the copy is issued at the
-top of the next one and runs under the whole page's MMAs and softmax; with
-``OVERLAP_PV`` the PV MMA stays in flight into the next page's score MMA (ptxas then
+The next tile's copies go into the other stage as soon as both warpgroups are done with
+it: by default the PV MMA is waited at the end of each tile, so the copy is issued at the
+top of the next one and runs under the whole tile's MMAs and softmax; with
+``OVERLAP_PV`` the PV MMA stays in flight into the next tile's score MMA (ptxas then
 serializes the wgmmas, C7515) and the copy waits for the score MMA.
 
-A page id outside ``[0, num_pages)`` is never dereferenced: its copy is pointed past the
-end of the cache's row range, which TMA fills with zeros without reading memory, and its
-tokens' scores are -inf. Rows of the last (partial) page past the request's length are
-zeroed in shared memory before the PV MMA (a stale row must not turn ``0 * NaN`` into a
-NaN). The split of a request's tokens and the partials layout (``[B, H, splits, 512]``
-fp32 partial outputs, ``[B, QLEN * H, splits]`` log2-sum-exp, row ``head * QLEN + token``)
-are those of the Triton stage 1 with ``BLOCK_N = 64``, so the existing
+A page id outside ``[0, num_pages)``, and a page of the tile past the split's end, is never
+dereferenced: its copy is pointed past the end of the cache's row range, which TMA fills
+with zeros without reading memory (the mbarrier still counts the box's bytes), and its
+tokens' scores are -inf (per token: ``ok[t // PAGE]``). Rows of the last (partial) tile
+past the split's end are zeroed in shared memory before the PV MMA (a stale row must not
+turn ``0 * NaN`` into a NaN). The split of a request's tokens and the partials layout
+(``[B, H, splits, 512]`` fp32 partial outputs, ``[B, QLEN * H, splits]`` log2-sum-exp,
+row ``head * QLEN + token``) are those of the Triton stage 1 with ``BLOCK_N = 64``, so the existing
 :func:`_decode_reduce` (with ``QLEN``) merges them.
 """
 
@@ -54,7 +58,8 @@ from kdispatch.kernels.decode_attention.kernels import _decode_reduce
 
 LOG2E = 1.4426950408889634
 BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
-PAGE = 64         # tokens per page = tokens per tile
+BLOCK_N = 64      # tokens per tile (the split chunking's unit)
+PAGE_SIZES = (16, 32, 64)  # cache page sizes: a tile is 64 // PAGE pages
 DV = 512          # latent (V) columns
 DPE = 64          # rope columns
 NUM_WARPS = 8     # two warpgroups
@@ -64,16 +69,52 @@ COMPILED: dict = {}
 
 
 @gluon.jit
-def _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, pred, st, num_pages,
-               oob_row, PAGE: gl.constexpr):
-    """TMA copy of the page holding token ``n0`` into stage ``st`` (when ``pred``); a page
-    id outside ``[0, num_pages)`` is pointed at ``oob_row``: zeros, nothing read."""
-    pg = gl.load(bt_row + n0 // PAGE, mask=pred, other=-1)
-    row = gl.where((pg >= 0) & (pg < num_pages), pg * PAGE, oob_row)
+def _page_row(bt_row, n, end, pred, num_pages, oob_row, PAGE: gl.constexpr):
+    """The cache row of the page holding token ``n``: ``oob_row`` (zeros, nothing read) for
+    a page id outside ``[0, num_pages)`` or a token at or past ``end``."""
+    pg = gl.load(bt_row + n // PAGE, mask=pred & (n < end), other=-1)
+    return gl.where((pg >= 0) & (pg < num_pages), pg * PAGE, oob_row)
+
+
+@gluon.jit
+def _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, row, pred, st, j: gl.constexpr,
+               BLOCK_N: gl.constexpr, PAGE: gl.constexpr):
+    kv_dst = kv_smem.index(st)
+    pe_dst = pe_smem.index(st)
+    if PAGE < BLOCK_N:  # page j of the tile: rows j * PAGE of the stage's buffers
+        kv_dst = kv_dst.slice(j * PAGE, PAGE, dim=0)
+        pe_dst = pe_dst.slice(j * PAGE, PAGE, dim=0)
+    tma.async_copy_global_to_shared(kv_desc, [row, 0], bar, kv_dst, pred=pred)
+    tma.async_copy_global_to_shared(pe_desc, [row, 0], bar, pe_dst, pred=pred)
+
+
+@gluon.jit
+def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred, st,
+               num_pages, oob_row, BLOCK_N: gl.constexpr, PAGE: gl.constexpr):
+    """TMA copies of the ``BLOCK_N // PAGE`` (1, 2 or 4) pages of the tile at token ``n0``
+    into stage ``st`` (when ``pred``), all of them always (a page past ``end`` or with a
+    bad id reads as zeros and still counts its bytes): one constant byte count. The page
+    ids are all loaded before the first copy (each copy is behind a CTA barrier)."""
+    NP: gl.constexpr = BLOCK_N // PAGE
+    gl.static_assert(NP == 1 or NP == 2 or NP == 4)
+    r0 = _page_row(bt_row, n0, end, pred, num_pages, oob_row, PAGE)
+    r1 = r0
+    r2 = r0
+    r3 = r0
+    if NP > 1:
+        r1 = _page_row(bt_row, n0 + PAGE, end, pred, num_pages, oob_row, PAGE)
+    if NP > 2:
+        r2 = _page_row(bt_row, n0 + 2 * PAGE, end, pred, num_pages, oob_row, PAGE)
+        r3 = _page_row(bt_row, n0 + 3 * PAGE, end, pred, num_pages, oob_row, PAGE)
     bar = ready.index(st)
-    mbarrier.expect(bar, kv_desc.block_type.nbytes + pe_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(kv_desc, [row, 0], bar, kv_smem.index(st), pred=pred)
-    tma.async_copy_global_to_shared(pe_desc, [row, 0], bar, pe_smem.index(st), pred=pred)
+    mbarrier.expect(bar, NP * (kv_desc.block_type.nbytes + pe_desc.block_type.nbytes),
+                    pred=pred)
+    _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r0, pred, st, 0, BLOCK_N, PAGE)
+    if NP > 1:
+        _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r1, pred, st, 1, BLOCK_N, PAGE)
+    if NP > 2:
+        _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r2, pred, st, 2, BLOCK_N, PAGE)
+        _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r3, pred, st, 3, BLOCK_N, PAGE)
 
 
 @gluon.jit
@@ -83,17 +124,19 @@ def _gluon_mla_stage1(
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
     DV: gl.constexpr, DPE: gl.constexpr, OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr,
-    QLEN: gl.constexpr = 1,
+    QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64,
 ):
     gl.static_assert(num_warps == 8)
     gl.static_assert(BLOCK_H == 64)
+    gl.static_assert(BLOCK_N == 64)
+    gl.static_assert(BLOCK_N % PAGE == 0)
     pid_h = gl.program_id(0)
     split = gl.program_id(1)
     b = gl.program_id(2)
 
     # scores: each warpgroup 32 of the 64 token columns; output: each 256 of the 512
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, PAGE // 2, 16])
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -104,21 +147,21 @@ def _gluon_mla_stage1(
                                                 rank=2)
     zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
 
-    # the request's token range of this split: _split_range with BLOCK_N = PAGE (from
+    # the request's token range of this split: _split_range with BLOCK_N = 64 (from
     # seq_len: with QLEN > 1 the rows' own ends only mask)
     seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
-    chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), PAGE) * PAGE, PAGE)
+    chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
     start = split * chunk
     end = gl.minimum(start + chunk, seq_len)
-    n_tiles = gl.maximum(gl.cdiv(end - start, PAGE), 0)
+    n_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
     bt_row = BT + b * stride_btb
     oob_row = num_pages * PAGE  # a copy from here on is all out of bounds: zeros, no read
 
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, DV], smem_l)
     qpe_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, DPE], smem_l)
-    kv_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, DV], smem_l)
-    pe_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, DPE], smem_l)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, PAGE], smem_l)
+    kv_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DV], smem_l)
+    pe_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DPE], smem_l)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], smem_l)
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(ready.index(0), count=1)
@@ -133,18 +176,18 @@ def _gluon_mla_stage1(
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
 
-    # page 0 of the split into stage 0
+    # tile 0 of the split into stage 0
     has_work = n_tiles > 0
-    _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, start, has_work, 0,
-               num_pages, oob_row, PAGE)
+    _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, start, end, has_work, 0,
+               num_pages, oob_row, BLOCK_N, PAGE)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
     # the row sums stay per element until the end: no cross-warpgroup sum per page
-    l_2d = gl.zeros([BLOCK_H, PAGE], gl.float32, layout=s_layout)
+    l_2d = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     # an async MMA's result type from the start, as the loop carries it
     acc = warpgroup_mma_init(gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout))
-    s_zero = gl.zeros([BLOCK_H, PAGE], gl.float32, layout=s_layout)
-    offs_t = gl.arange(0, PAGE, layout=col_s)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    offs_t = gl.arange(0, BLOCK_N, layout=col_s)
     if QLEN > 1:  # each row's visible end: its token's causal limit, within the split
         tok_s = (pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)) // heads
         row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
@@ -152,16 +195,24 @@ def _gluon_mla_stage1(
 
     for i in range(n_tiles):
         st = i % 2
-        n0 = start + i * PAGE
+        n0 = start + i * BLOCK_N
         kv = kv_smem.index(st)
         pe = pe_smem.index(st)
         if not OVERLAP_PV:  # the other stage's MMAs were waited last page: refill it now,
             gl.thread_barrier()  # under this page's MMAs, once both warpgroups are past them
-            _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + PAGE,
-                       i + 1 < n_tiles, 1 - st, num_pages, oob_row, PAGE)
+            _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + BLOCK_N,
+                       end, i + 1 < n_tiles, 1 - st, num_pages, oob_row, BLOCK_N, PAGE)
+        # the tokens' page ids checked (loaded before the waits: their latency hidden)
+        tok = n0 + offs_t
+        if PAGE == BLOCK_N:  # one page id a tile
+            pg = gl.load(bt_row + n0 // PAGE)
+            ok = (tok < end) & ((pg >= 0) & (pg < num_pages))
+        else:  # per token (a few distinct addresses: cache hits); past the end: -1
+            pg_t = gl.load(bt_row + tok // PAGE, mask=tok < end, other=-1)
+            ok = (pg_t >= 0) & (pg_t < num_pages)
         mbarrier.wait(ready.index(st), (i // 2) & 1)
-        if n0 + PAGE > end:  # the last, partial page: zero V's rows past the length
-            rows_z = gl.arange(0, PAGE, layout=gl.SliceLayout(1, zero_l))
+        if n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
+            rows_z = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zero_l))
             keep_z = (rows_z < end - n0)[:, None]
             for c in gl.static_range(DV // 64):
                 part = kv.slice(c * 64, 64, dim=1)
@@ -174,17 +225,14 @@ def _gluon_mla_stage1(
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
         if OVERLAP_PV:  # both warpgroups are done with the other stage only now
             gl.thread_barrier()
-            _load_page(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + PAGE,
-                       i + 1 < n_tiles, 1 - st, num_pages, oob_row, PAGE)
+            _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + BLOCK_N,
+                       end, i + 1 < n_tiles, 1 - st, num_pages, oob_row, BLOCK_N, PAGE)
 
-        pg = gl.load(bt_row + n0 // PAGE)
-        ok = (pg >= 0) & (pg < num_pages)
         if QLEN > 1:
-            visible = ((n0 + offs_t)[None, :] < row_end[:, None]) & ok
-            s = gl.where(visible, s * qk_scale, float("-inf"))
+            visible = (tok[None, :] < row_end[:, None]) & ok[None, :]
         else:
-            visible = ((n0 + offs_t) < end) & ok
-            s = gl.where(visible[None, :], s * qk_scale, float("-inf"))
+            visible = ok[None, :]
+        s = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
@@ -259,16 +307,18 @@ def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
     b = q.shape[0]
     if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
         raise TypeError(f"q and kv_cache must be bfloat16, got {q.dtype} and {kv_cache.dtype}")
-    if kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != (PAGE, 1, DV + DPE):
-        raise ValueError(f"kv_cache must be [num_pages, {PAGE}, 1, {DV + DPE}], got "
-                         f"{tuple(kv_cache.shape)}")
+    if (kv_cache.dim() != 4 or kv_cache.shape[1] not in PAGE_SIZES
+            or tuple(kv_cache.shape[2:]) != (1, DV + DPE)):
+        raise ValueError(f"kv_cache must be [num_pages, page in {PAGE_SIZES}, 1, {DV + DPE}], "
+                         f"got {tuple(kv_cache.shape)}")
+    page = kv_cache.shape[1]
     if kv_cache.shape[0] == 0:
         raise ValueError("kv_cache has no pages")
-    if (kv_cache.stride(3) != 1 or kv_cache.stride(0) != PAGE * kv_cache.stride(1)
+    if (kv_cache.stride(3) != 1 or kv_cache.stride(0) != page * kv_cache.stride(1)
             or (kv_cache.stride(1) * 2) % 16 or kv_cache.data_ptr() % 16):
         raise ValueError("kv_cache rows must be contiguous, 16-byte aligned, pages packed "
                          f"(strides {kv_cache.stride()})")
-    if kv_cache.shape[0] * PAGE >= 2**31:
+    if kv_cache.shape[0] * page >= 2**31:
         raise ValueError("kv_cache has too many rows for 32-bit TMA coordinates")
     if block_table.dim() != 2 or block_table.shape[0] != b or block_table.dtype != torch.int32:
         raise ValueError(f"block_table must be int32 [{b}, max_pages], got "
@@ -292,15 +342,16 @@ def descriptors(q, kv_cache):
     d = q.shape[-1]
     q2 = q if q_rows_uniform(q) else q.contiguous()
     q_rows, q_stride = b * t * h, q2.stride(-2)
-    rows, kstride = kv_cache.shape[0] * PAGE, kv_cache.stride(1)
+    page = kv_cache.shape[1]
+    rows, kstride = kv_cache.shape[0] * page, kv_cache.stride(1)
     lay = _smem_layout()
     # 1-D views over the rows' extent (rows may be padded: the row strides say how much)
     flat_q = q2.as_strided(((q_rows - 1) * q_stride + d,), (1,))
     flat_k = kv_cache.as_strided(((rows - 1) * kstride + d,), (1,))
     return (TensorDescriptor(flat_q, [q_rows, DV], [q_stride, 1], [BLOCK_H, DV], lay),
             TensorDescriptor(flat_q[DV:], [q_rows, DPE], [q_stride, 1], [BLOCK_H, DPE], lay),
-            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [PAGE, DV], lay),
-            TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [PAGE, DPE], lay), q2)
+            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [page, DV], lay),
+            TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [page, DPE], lay), q2)
 
 
 def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
@@ -309,12 +360,14 @@ def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits,
     ``(cdiv(QLEN * H, 64), splits, B)``, partials ``po`` ``[B, QLEN * H, splits, 512]``
     and ``pl`` ``[B, QLEN * H, splits]`` (row ``head * QLEN + token``)."""
     b, t, h = q_dims(q)
+    page = kv_cache.shape[1]
     qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
     args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl, float(scale) * LOG2E,
-            block_table.shape[1] * PAGE, kv_cache.shape[0], h, block_table.stride(0),
+            block_table.shape[1] * page, kv_cache.shape[0], h, block_table.stride(0),
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
-    kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": PAGE, "DV": DV,
-          "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS, "QLEN": t}
+    kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": page, "DV": DV,
+          "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS, "QLEN": t,
+          "BLOCK_N": BLOCK_N}
     return (-(-(t * h) // BLOCK_H), num_kv_splits, b), args, kw
 
 
@@ -322,7 +375,8 @@ def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_sp
                      out=None, workspace=None, overlap_pv: bool = False):
     """Absorbed-MLA decode: the Gluon stage 1, then the existing reduce. Returns ``out``
     (``[B, H, 512]``, or ``[B, QLEN, H, 512]`` for a 4-D q, in q's dtype). ``workspace``:
-    an fp32 tensor of at least ``B * QLEN * H * splits * 513`` elements to reuse (e.g. under graph capture). ``overlap_pv``:
+    an fp32 tensor of at least ``B * QLEN * H * splits * 513`` elements to reuse (e.g.
+    under graph capture). ``overlap_pv``:
     leave the PV MMA in flight into the next page's score MMA (ptxas then serializes the
     wgmmas: which is faster is for the GPU to say)."""
     check_args(q, kv_cache, block_table, seq_lens, num_kv_splits)
@@ -337,13 +391,13 @@ def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_sp
         out = q.new_empty(*q.shape[:-1], DV)
     grid, args, kw = stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, s, po, pl,
                                         overlap_pv)
-    COMPILED[(s, bool(overlap_pv), t)] = _gluon_mla_stage1[grid](*args, **kw)
+    COMPILED[(s, bool(overlap_pv), t, kv_cache.shape[1])] = _gluon_mla_stage1[grid](*args, **kw)
     splits_p2 = max(16, 1 << max(0, s - 1).bit_length())
     o_st = (out.stride(0), 0, out.stride(1)) if out.dim() == 3 else out.stride()[:3]
     _decode_reduce[(rows, 1, b)](
-        seq_lens, po, pl, out, 0, block_table.shape[1] * PAGE, seq_lens.stride(0),
+        seq_lens, po, pl, out, 0, block_table.shape[1] * kv_cache.shape[1], seq_lens.stride(0),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), *o_st,
-        DV=DV, BLOCK_DV=DV, BLOCK_N=PAGE, NUM_KV_SPLITS=s, SPLITS_P2=splits_p2,
+        DV=DV, BLOCK_DV=DV, BLOCK_N=BLOCK_N, NUM_KV_SPLITS=s, SPLITS_P2=splits_p2,
         SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False, QLEN=t,
         num_warps=4, num_stages=2)
     return out

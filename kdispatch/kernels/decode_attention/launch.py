@@ -27,7 +27,8 @@ from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares
 from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, q_rows_uniform,
                                                           stage1_launch_args)
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
-from kdispatch.kernels.decode_attention.spec import GLUON_HEAD_DIMS, GLUON_PAGE, gluon_config
+from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE_SIZES,
+                                                     gluon_config)
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
@@ -91,7 +92,7 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     ``gluon``: stage 1 is the Gluon kernel, which always writes partials for the reduce.
     """
     if gluon:
-        return _gluon_plan(config, b, hq, dv, q_len, q4d)
+        return _gluon_plan(config, b, hq, dv, q_len, q4d, page)
     group = hq // hk
     block_h = int(config.block_h)
     head_blocks = triton.cdiv(q_len * group, block_h)
@@ -136,17 +137,18 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         log2e_scale=1.0 if capped else LOG2E, capped=capped)
 
 
-def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool) -> Plan:
+def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
+                page: int = 64) -> Plan:
     """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
-    latent tile orders them) and the reduce."""
+    latent tile orders them; 64-token tiles of ``64 // page`` cache pages) and the reduce."""
     splits = int(config.num_kv_splits)
     splits_p2 = max(16, _p2(splits))
     block_dv, reduce_warps = reduce_shape(hq, dv)
     return Plan(
         latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), splits, b),
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
-                        PAGE=int(config.block_n), DV=dv, DPE=64, OVERLAP_PV=False,
-                        QLEN=q_len),
+                        PAGE=page, DV=dv, DPE=64, OVERLAP_PV=False, QLEN=q_len,
+                        BLOCK_N=int(config.block_n)),
         options={"num_warps": int(config.num_warps)},
         reduce_grid=(hq * q_len, triton.cdiv(dv, block_dv), b),
         reduce_constexprs=dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
@@ -297,21 +299,21 @@ def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                logit_cap: float, config: Any) -> bool:
     """Whether this call can run the Gluon stage 1 of ``config``: a GPU (not the
     interpreter), a bf16 q (3-D or 4-D) whose (request, token, head) rows share one row
-    stride (TMA reads a tile's rows as one box), a bf16 latent of 64-token pages whose
-    576-wide rows are contiguous, 16-byte aligned and packed page after page (TMA copies a
-    page as one box), unit-stride block-table rows and lengths, no window, no logit cap,
+    stride (TMA reads a tile's rows as one box), a bf16 latent of 16/32/64-token pages
+    whose 576-wide rows are contiguous, 16-byte aligned and packed page after page (TMA
+    copies a page as one box), unit-stride block-table rows and lengths, no window, no logit cap,
     and the Gluon tile itself."""
     if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
         return False
     if config != gluon_config(int(config.num_kv_splits)):
         return False
-    rows = k_cache.stride(1)
+    rows, page = k_cache.stride(1), k_cache.shape[1]
     return (q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
             and shares_latent(k_cache, v_cache) and q_rows_uniform(q)
-            and tuple(k_cache.shape[1:]) == (GLUON_PAGE, 1, GLUON_HEAD_DIMS[0])
+            and page in GLUON_PAGE_SIZES and tuple(k_cache.shape[2:]) == (1, GLUON_HEAD_DIMS[0])
             and v_cache.shape[3] == GLUON_HEAD_DIMS[1] and k_cache.stride(3) == 1
-            and k_cache.stride(0) == GLUON_PAGE * rows and rows % 8 == 0
-            and k_cache.data_ptr() % 16 == 0 and k_cache.shape[0] * GLUON_PAGE < 2**31
+            and k_cache.stride(0) == page * rows and rows % 8 == 0
+            and k_cache.data_ptr() % 16 == 0 and k_cache.shape[0] * page < 2**31
             and block_table.stride(1) == 1 and seq_lens.stride(0) == 1)
 
 

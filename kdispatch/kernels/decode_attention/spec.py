@@ -111,9 +111,11 @@ LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
 #: more splits lose badly (kimi b1 x 65,536: 165 vs 39 us). GQA grids lost 1-3% with it at
 #: 2-8 splits and keep the reduce kernel.
 MERGE_MAX_SPLITS_LATENT = 4
-#: the Gluon stage 1's shape: (head dim, v head dim), page = tile tokens, rows per program
+#: the Gluon stage 1's shape: (head dim, v head dim), page = tile tokens, rows per program;
+#: the cache page sizes it takes (a 64-token tile is 64 // page pages, one TMA copy each)
 GLUON_HEAD_DIMS = (576, 512)
 GLUON_PAGE = 64
+GLUON_PAGE_SIZES = (16, 32, 64)
 GLUON_ROWS = 64
 #: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
 GLUON_MIN_ROWS = 16
@@ -373,12 +375,12 @@ def baseline(key: DecodeKey) -> DecodeConfig:
 
 def gluon_fits(key: DecodeKey) -> bool:
     """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: absorbed MLA with a
-    576/512 latent on 64-token pages, bf16, at least ``GLUON_MIN_ROWS`` (token, head) rows
-    a request (its 64-row tiles padded past them), on an NVIDIA Hopper GPU (warpgroup MMA,
-    TMA)."""
+    576/512 latent on 16-, 32- or 64-token pages (64-token tiles), bf16, at least
+    ``GLUON_MIN_ROWS`` (token, head) rows a request (its 64-row tiles padded past them), on
+    an NVIDIA Hopper GPU (warpgroup MMA, TMA)."""
     return (key.latent and key.vendor == "nvidia" and key.arch == "sm_90"
             and key.head_dim == GLUON_HEAD_DIMS[0] and key.head_dim_v == GLUON_HEAD_DIMS[1]
-            and key.page_size == GLUON_PAGE and key.dtype == "bfloat16"
+            and key.page_size in GLUON_PAGE_SIZES and key.dtype == "bfloat16"
             and key.kv_dtype == "bfloat16" and key.rows >= GLUON_MIN_ROWS
             and not key.sliding)
 
