@@ -13,7 +13,7 @@ import torch
 import kdispatch
 from graph_capture import capture
 from kdispatch.kernels._common import quantize_fp8
-from kdispatch.kernels.decode_attention import reference_decode_attention
+from kdispatch.kernels.decode_attention import reference_decode_attention, spec
 from kdispatch.kernels.kv_write import reference_kv_write
 
 pytestmark = pytest.mark.gpu
@@ -108,8 +108,15 @@ def test_batch_invariant_bits_with_several_query_tokens(q_len, fp8):
         alone = kdispatch.decode_attention(q[r:r + 1], k, v, bt[r:r + 1], sl[r:r + 1], **kw)
         assert torch.equal(batched[r:r + 1], alone), r
     _close(batched, reference_decode_attention(q, k, v, bt, sl, scale=dk ** -0.5, **scales))
-    for splits, merge in ((48, False), (3, True)):  # both ways of merging the splits
-        c = cfg.model_copy(update={"num_kv_splits": splits, "merge": merge, "pdl": False})
+    # the Triton latent tile (the heuristic may take the Gluon tile here) at both ways of
+    # merging the splits
+    key = kdispatch.explain("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
+                            seq_lens=sl, batch_invariant=True).key
+    bh = spec.default_block_h(key)
+    bn, warps, stages = spec.latent_tile(key, bh)
+    tile = spec.DecodeConfig(block_h=bh, block_n=bn, num_warps=warps, num_stages=stages)
+    for splits, merge in ((48, False), (3, True)):
+        c = tile.model_copy(update={"num_kv_splits": splits, "merge": merge})
         many = kdispatch.decode_attention(q, k, v, bt, sl, config=c, **kw)
         one = kdispatch.decode_attention(q[5:6], k, v, bt[5:6], sl[5:6], config=c, **kw)
         assert torch.equal(many[5:6], one), (splits, merge)
