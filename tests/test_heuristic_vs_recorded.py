@@ -1,17 +1,14 @@
 """The heuristics against a recorded full-space tune (no GPU: the H200's measurements).
 
-``bench/results/nvidia-h200/session11/h200.sqlite`` holds every valid candidate (up to 60)
-of every preset key (126 keys, decode and KV writes, one H200): the decode rows tuned on
-session 11's kernels, the KV-write rows on the writer unchanged since session 10 (its
-source hash is the shipped one). Today's heuristic config of each key is looked up among
+``bench/results/nvidia-h200/session12/h200.sqlite`` holds every valid candidate (up to 60)
+of every preset key (166 keys, decode and KV writes, one H200): the decode rows tuned on
+session 12's kernels (the Gluon MLA tile among the candidates), the KV-write rows on the
+writer unchanged since session 10. Today's heuristic config of each key is looked up among
 them: it must have been measured and come within 10% of the key's best at all but a few
 keys, so a heuristic edit that loses what the tune found fails here. (When the kernels
-change, re-tune and record again.)
-
-``session12/hd.sqlite`` holds the same for the head-dim presets (llama3.2-1b: GQA head
-dim 64; gemma2-9b: 256), tuned on the same kernels: the GQA tile and split rules for those
-head dims and for fp8 caches were fitted to it (before them, the bf16 head-dim-256 keys
-ran 1.22-1.30x the best, fp8 head-dim-64 keys up to 1.25x).
+change, re-tune and record again.) The GQA tile and split rules for head dims 64 and 256
+and for fp8 caches, and the Gluon rule, were fitted to these measurements (before them,
+bf16 head-dim-256 keys ran 1.22-1.30x the best, the 128-head MLA keys ~1.7x).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ from kdispatch.registry import get_op
 from kdispatch.store import Store, digest
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench/results/nvidia-h200"
-DB = RESULTS / "session11/h200.sqlite"
-HEAD_DIMS_DB = RESULTS / "session12/hd.sqlite"
+DB = RESULTS / "session12/h200.sqlite"
 
 
 def _ratios(tmp: Path, db: Path = DB) -> dict[str, float]:
@@ -49,20 +45,41 @@ def _ratios(tmp: Path, db: Path = DB) -> dict[str, float]:
     return out
 
 
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def test_the_heuristics_come_within_10_percent_of_the_recorded_best(tmp_path):
     ratios = _ratios(tmp_path)
-    assert len(ratios) == 126
+    assert len(ratios) == 166
     far = {k: round(r, 2) for k, r in ratios.items() if r > 1.10}
-    assert len(far) <= 8, far
-    assert max(r for r in ratios.values() if r != float("inf")) < 1.25, far
+    assert len(far) <= 6, far
+    assert max(ratios.values()) < 1.20, far
+    assert _geomean(r for k, r in ratios.items() if k.startswith("decode")) < 1.03
 
 
 def test_the_gqa_rules_hold_at_head_dims_64_and_256(tmp_path):
-    ratios = _ratios(tmp_path, HEAD_DIMS_DB)
-    assert len(ratios) == 40  # 28 decode keys, 12 KV-write keys
-    far = {k: round(r, 2) for k, r in ratios.items() if r > 1.10}
-    assert len(far) <= 1, far
-    assert max(ratios.values()) < 1.15, far
-    dec = [r for k, r in ratios.items() if k.startswith("decode_attention")]
-    geomean = math.exp(sum(math.log(r) for r in dec) / len(dec))
-    assert geomean < 1.04, geomean  # 1.12 with the rules before session 12
+    dims = {k: r for k, r in _ratios(tmp_path).items()
+            if k.startswith("decode") and any(f'"head_dim":{d},' in k for d in (64, 256))}
+    assert len(dims) == 28
+    assert max(dims.values()) < 1.12, dims
+    assert _geomean(dims.values()) < 1.04  # 1.12 with the rules before session 12
+
+
+def test_the_gluon_tile_is_the_heuristic_where_it_is_the_best(tmp_path):
+    """Keys of more than 16 (token, head) rows on the Gluon tile's pages: the heuristic
+    takes it, and it is within 10% of the best there (the 128-head keys ran ~1.7x their
+    best on the Triton tile)."""
+    from kdispatch.kernels.decode_attention import spec
+
+    op = get_op("decode_attention")
+    gluon = {}
+    for k, r in _ratios(tmp_path).items():
+        if k.startswith("decode"):
+            key = op.parse_key(json.loads(k.split(" ", 1)[1]))
+            if spec.gluon_fits(key) and key.rows > 16:
+                assert op.heuristic(key).kernel == "gluon", k
+                gluon[k] = r
+    assert len(gluon) == 24  # deepseek-v3-dp 16, kimi and deepseek TP8 two-token 4 each
+    assert max(gluon.values()) < 1.10, gluon

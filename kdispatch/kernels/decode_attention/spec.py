@@ -119,11 +119,13 @@ GLUON_PAGE_SIZES = (16, 32, 64)
 GLUON_ROWS = 64
 #: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
 GLUON_MIN_ROWS = 16
-#: the heuristic takes the Gluon tile from this many (token, head) rows per request. H200,
-#: session 12, b32 x 16,384, 64-token pages, Gluon / Triton tile: 128 heads 338 / 590 us,
-#: 128 heads x 2 tokens 645 / 1172, 16 x 4 181 / 337, 16 x 2 189 / 225; 16 heads x 1
-#: token (16 rows in the 64-row tile) 177 / 163: the Triton tile keeps 16 rows
-GLUON_HEURISTIC_MIN_ROWS = 32
+#: the heuristic takes the Gluon tile from this many (token, head) rows per request: more
+#: than one 16-row Triton tile. H200, session 12, b32 x 16,384, 64-token pages, Gluon /
+#: Triton tile: 128 heads 338 / 590 us, 128 heads x 2 tokens 645 / 1172, 16 x 4 181 / 337,
+#: 16 x 2 189 / 225 (16-token pages 204 / 226); the full-space tune of kimi-k3-tp8's two-
+#: token keys (12 heads x 2 = 24 rows, 16-token pages): b1 x 65,536 42.0 / 52.3 us, b8 x
+#: 393,216 1150 / 1261. 16 heads x 1 token (16 rows) keeps the Triton tile: 177 / 163
+GLUON_HEURISTIC_MIN_ROWS = 17
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
 
