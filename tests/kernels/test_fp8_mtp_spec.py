@@ -25,8 +25,8 @@ DEEPSEEK = dict(batch=32, context=16384, num_q_heads=16, num_kv_heads=1, head_di
 FP8 = "float8_e4m3fn"
 
 
-def dkey(**kw) -> DecodeKey:
-    return DECODE.key(H200, {**DEEPSEEK, **kw})
+def dkey(device=None, **kw) -> DecodeKey:
+    return DECODE.key(device or H200, {**DEEPSEEK, **kw})
 
 
 def test_decode_key_reads_q_len_and_cache_dtype_from_tensors(monkeypatch):
@@ -66,10 +66,13 @@ def test_mla_two_tokens_share_one_block_and_the_grid():
     The tiles are the session-8 full-space tune's bests: bf16 32 rows at 32 tokens, 4 warps;
     fp8 latents take the bf16 16-row tile (no spills since the latent is staged as fp16)
     and wider blocks at 64 tokens, 8 warps: one per SM; 128 heads in 64-row blocks (the
-    session-9 tune: 1.6x faster than 32-row fp8 blocks)."""
-    one, two = DECODE.heuristic(dkey()), DECODE.heuristic(dkey(q_len=2))
+    session-9 tune: 1.6x faster than 32-row fp8 blocks). On the H200 the bf16 two-token
+    rows take the Gluon tile (64 rows, session 12); the Triton tile is the A100's."""
+    a100 = Device.from_key("nvidia-a100")
+    one, two = DECODE.heuristic(dkey(a100)), DECODE.heuristic(dkey(a100, q_len=2))
     assert (one.block_h, two.block_h) == (16, 32)
     assert (two.block_n, two.num_warps, two.num_kv_splits) == (32, 4, one.num_kv_splits)
+    assert DECODE.heuristic(dkey(q_len=2)).kernel == "gluon"
     for kw in (dict(q_len=2), dict(num_q_heads=128, q_len=2), dict(kv_dtype=FP8),
                dict(kv_dtype=FP8, q_len=2), dict(kv_dtype=FP8, num_q_heads=128)):
         assert DECODE.is_valid(dkey(**kw), DECODE.heuristic(dkey(**kw))), kw
@@ -170,8 +173,10 @@ def test_cli_resolves_fp8_and_multi_token_keys():
 def test_a_short_sweep_of_multi_token_mla_tries_the_smaller_row_block():
     """Two tokens x 12 heads (24 rows): within the first 8 candidates (the session tune's
     cap) the rows also run as two 16-row blocks at the heuristic's split count and the
-    16-row latent tile, right after the heuristic's own merge variants."""
-    key = dkey(num_q_heads=12, batch=8, context=327600, q_len=2)
+    16-row latent tile, right after the heuristic's own merge variants (the Triton tiles:
+    on the H200 the heuristic takes the Gluon tile here, on an A100 the 32-row one)."""
+    key = dkey(Device.from_key("nvidia-a100"), num_q_heads=12, batch=8, context=327600,
+               q_len=2)
     h = DECODE.heuristic(key)
     assert h.block_h == 32
     first = list(DECODE.tuning.candidates(key))[:8]
