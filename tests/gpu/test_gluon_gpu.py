@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kdispatch
+from graph_capture import capture
 from kdispatch.kernels.decode_attention import reference_decode_attention
 from kdispatch.kernels.decode_attention.launch import checked_plan
 from kdispatch.kernels.decode_attention.spec import DecodeConfig
@@ -44,16 +45,8 @@ def test_heuristic_picks_gluon_and_graph_replays_ragged_lengths_and_tables():
     assert cfg.kernel == "gluon", cfg
     scale = DK ** -0.5
     out = torch.empty(b, hq, DV, device="cuda", dtype=torch.bfloat16)
-    call = lambda: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, out=out)  # noqa
-    call()  # compile outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
-            call()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    graph = capture(lambda: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, out=out),
+                    forbid_sync=True)
     for i, lens in enumerate(RAGGED * 2):
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
         if i >= 2:
