@@ -291,7 +291,10 @@ def test_merge_in_last_program_matches_reference(dev, case):
     q, k, v, bt, sl = make_case(dev, batch=len(lens), pages=5, lens=lens, seed=21,
                                 **MERGE_CASES[case])
     scale = q.shape[-1] ** -0.5
-    for splits, window in ((3, None), (8, None), (5, 20)):
+    # empty trailing splits (8 splits over 5 pages) at the two narrow cases; the 576-wide
+    # latent in the interpreter is the suite's slowest case, and its kernel merges alike
+    runs = ((3, None), (5, 20)) if case == "mla-512" else ((3, None), (8, None), (5, 20))
+    for splits, window in runs:
         kw = dict(sliding_window=window)
         merged = launch_decode_attention(cfg(splits, block_n=16, merge=True), q, k, v, bt, sl,
                                          scale=scale, **kw)
