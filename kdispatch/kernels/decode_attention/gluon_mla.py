@@ -34,9 +34,9 @@ with zeros without reading memory (the mbarrier still counts the box's bytes), a
 tokens' scores are -inf (per token: ``ok[t // PAGE]``). Rows of the last (partial) tile
 past the split's end are zeroed in shared memory before the PV MMA (a stale row must not
 turn ``0 * NaN`` into a NaN). The split of a request's tokens and the partials layout
-(``[B, H, splits, 512]`` fp32 partial outputs, ``[B, QLEN * H, splits]`` log2-sum-exp,
-row ``head * QLEN + token``) are those of the Triton stage 1 with ``BLOCK_N = 64``, so the existing
-:func:`_decode_reduce` (with ``QLEN``) merges them.
+(``[B, QLEN * H, splits, 512]`` fp32 partial outputs and ``[B, QLEN * H, splits]``
+log2-sum-exp, row ``head * QLEN + token``) are those of the Triton stage 1 with
+``BLOCK_N = 64``, so the existing :func:`_decode_reduce` (with ``QLEN``) merges them.
 """
 
 from __future__ import annotations
