@@ -33,6 +33,7 @@ import triton  # noqa: E402
 from triton._C.libtriton import native_specialize_impl  # noqa: E402
 from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from kdispatch.device import Device  # noqa: E402
 from kdispatch.dtypes import torch_dtype  # noqa: E402
@@ -47,11 +48,13 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def compile_launch(launch, arch: int):
-    """Compile one :class:`~kdispatch.launching.KernelLaunch` for ``sm_<arch>``."""
+    """Compile one :class:`~kdispatch.launching.KernelLaunch` for ``sm_<arch>`` (a Gluon
+    kernel from its Gluon source; its ``num_warps`` is a parameter as well as an option)."""
+    given = {**launch.constexprs, **launch.options}
     sig, consts, attrs = {}, {}, {}
     for i, name in enumerate(launch.fn.arg_names):
-        if name in launch.constexprs:
-            sig[name], consts[name] = "constexpr", launch.constexprs[name]
+        if name in given:
+            sig[name], consts[name] = "constexpr", given[name]
             continue
         ty, attr = native_specialize_impl(BaseBackend, launch.args[i], False, True, True)
         sig[name] = ty
@@ -60,19 +63,27 @@ def compile_launch(launch, arch: int):
         elif isinstance(attr, str):
             attrs[(i,)] = BaseBackend.parse_attr(attr)
     opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
-    return triton.compile(ASTSource(launch.fn, sig, consts, attrs),
+    source = GluonASTSource if type(launch.fn).__name__ == "GluonJITFunction" else ASTSource
+    return triton.compile(source(launch.fn, sig, consts, attrs),
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
-def ptxas_usage(kernel, arch: int) -> tuple[int | None, int | None]:
-    """(registers per thread, spill-store bytes) that ptxas reports for the kernel."""
+def ptxas_log(kernel, arch: int) -> str:
+    """What ``ptxas -v`` says (its stderr) when it assembles the kernel's PTX."""
     with tempfile.TemporaryDirectory() as d:
         ptx = Path(d) / "k.ptx"
         ptx.write_text(kernel.asm["ptx"])
         res = subprocess.run([str(BIN / "ptxas"), "-v", f"-arch=sm_{arch}a", str(ptx), "-o",
                               str(Path(d) / "k.cubin")], capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return res.stderr
+
+
+def ptxas_usage(kernel, arch: int, log: str | None = None) -> tuple[int | None, int | None]:
+    """(registers per thread, spill-store bytes) that ptxas reports for the kernel (from
+    ``log`` when it was already run)."""
+    log = ptxas_log(kernel, arch) if log is None else log
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores", log)
     return (int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else None)
 
 

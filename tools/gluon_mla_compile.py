@@ -13,25 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
-import triton
-from triton._C.libtriton import native_specialize_impl
-from triton.backends.compiler import BaseBackend, GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
+import torch  # noqa: E402
+# (compile_check clears TRITON_INTERPRET: the kernel must be a JIT function to compile)
+from compile_check import compile_launch, ptxas_log, ptxas_usage  # noqa: E402
 
-from kdispatch.kernels.decode_attention import gluon_mla as G
+from kdispatch.kernels.decode_attention import gluon_mla as G  # noqa: E402
+from kdispatch.launching import KernelLaunch  # noqa: E402
 
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SMEM_LIMIT = 227 * 1024
 
 
@@ -50,36 +43,17 @@ def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False, heads:
     ws = torch.empty(b * r * splits * (G.DV + 1))
     po = ws[:b * r * splits * G.DV].view(b, r, splits, G.DV)
     pl = ws[b * r * splits * G.DV:].view(b, r, splits)
-    _, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, overlap_pv)
-    fn = G._gluon_mla_stage1
-    sig, consts, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in kw:
-            sig[name], consts[name] = "constexpr", kw[name]
-            continue
-        ty, attr = native_specialize_impl(BaseBackend, args[i], False, True, True)
-        sig[name] = ty
-        if ty == "constexpr":
-            consts[name] = attr
-        elif isinstance(attr, str):
-            attrs[(i,)] = BaseBackend.parse_attr(attr)
-    return triton.compile(GluonASTSource(fn, sig, consts, attrs),
-                          target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": kw["num_warps"]})
+    grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, overlap_pv)
+    warps = kw.pop("num_warps")
+    return compile_launch(KernelLaunch(G._gluon_mla_stage1, grid, args, kw,
+                                       {"num_warps": warps}), arch)
 
 
 def ptxas_report(kernel, arch: int = 90) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        ptx = Path(d) / "k.ptx"
-        ptx.write_text(kernel.asm["ptx"])
-        res = subprocess.run([str(BIN / "ptxas"), "-v", f"-arch=sm_{arch}a", str(ptx), "-o",
-                              str(Path(d) / "k.cubin")], check=False, capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
-    return {"regs": int(regs.group(1)) if regs else None,
-            "spill_store_bytes": int(spill.group(1)) if spill else None,
-            "shared_bytes": kernel.metadata.shared,
-            "serialized_wgmma_warning": "C7515" in res.stderr,
+    log = ptxas_log(kernel, arch)
+    regs, spill = ptxas_usage(kernel, arch, log)
+    return {"regs": regs, "spill_store_bytes": spill, "shared_bytes": kernel.metadata.shared,
+            "serialized_wgmma_warning": "C7515" in log,
             "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"),
             "bar_sync": kernel.asm["ptx"].count("bar.sync")}
 
