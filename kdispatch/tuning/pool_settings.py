@@ -4,10 +4,8 @@ This module is light on purpose (no torch, no database, no op): the CLI opens th
 pool with it before it imports the tuner, so the pool's processes start while the tuner's
 process imports torch and sets up its GPU.
 
-Pool processes are forked from a fork server that imported what a compile needs once:
-31 spawned processes each importing torch (~2.4 s of CPU each) kept a 32-core host's cores
-busy for seconds during the very start-up
-the timing process and the GPU workers wait on (:mod:`kdispatch.tuning.pool_start`).
+How the pool's processes start (forked from a fork server that imported what a compile
+needs once) is :mod:`kdispatch.tuning.pool_start`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Any
 
 from kdispatch.tuning.compile_pool import CompilePool
 from kdispatch.tuning.precompile import DEFAULT_COMPILER, Target, default_workers
+
 
 @dataclass(frozen=True)
 class CompileSettings:

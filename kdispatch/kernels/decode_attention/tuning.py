@@ -45,6 +45,7 @@ class DecodeTuning(OpTuning):
         # at about the same time (L2 serves the second read)
         split_rank = {s: abs(i - splits.index(h.num_kv_splits)) if h.num_kv_splits in splits
                       else i for i, s in enumerate(splits)}
+        split_rank[1] = 99  # an unsplit grid ranks last among its tile's variants
         out: list[tuple[tuple, DecodeConfig]] = []
         seen = set()
         for bh in heads:
@@ -61,7 +62,7 @@ class DecodeTuning(OpTuning):
                         if cfg in seen or not spec.is_valid(key, cfg):
                             continue
                         seen.add(cfg)
-                        sr = split_rank[s] if s != 1 else 99
+                        sr = split_rank[s]
                         steps = (sr > 0) + (ti > 0) + (bh != h.block_h)
                         rank = (cfg != h, steps > 1, sr + ti + (bh != h.block_h), ti)
                         out.append((rank, cfg))
@@ -70,7 +71,7 @@ class DecodeTuning(OpTuning):
                 cfg = spec.gluon_config(s)
                 if cfg not in seen and spec.is_valid(key, cfg):
                     seen.add(cfg)
-                    out.append(((cfg != h, False, split_rank[s] if s != 1 else 99, 0), cfg))
+                    out.append(((cfg != h, False, split_rank[s], 0), cfg))
         out.sort(key=lambda rc: rc[0])
         chosen = [c for _, c in out[:spec.MAX_CANDIDATES]]
         base = spec.baseline(key)
