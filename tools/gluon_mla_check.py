@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -40,10 +39,10 @@ import torch
 import triton
 
 import kdispatch
+from bench_decode import time_fns
 from kdispatch.kernels.decode_attention.reference import reference_decode_attention
 
 DK, DV = 576, 512
-GRAPH_US, MAX_CALLS = 1000.0, 32
 RESULT: dict = {"correctness": [], "timing": [], "errors": [], "compiled": {}}
 GLUON = {"kernel": "gluon", "block_n": 64, "block_h": 64, "num_warps": 8, "num_stages": 2}
 
@@ -183,28 +182,10 @@ def check_bad_pages(G, dev, page: int) -> None:
         log(f"correctness {row}")
 
 
-def _graph_of(fns, calls: int):
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    torch.cuda.synchronize()
-    return graph
-
-
 def time_fn(fn) -> float:
-    """Per-call median (us) of do_bench'd replays of a graph of about GRAPH_US of calls."""
-    fn()
-    torch.cuda.synchronize()
-    graph = _graph_of([fn], 2)
-    med = triton.testing.do_bench(graph.replay, warmup=5, rep=20, return_mode="median")
-    n = min(MAX_CALLS, max(2, math.ceil(GRAPH_US / (med * 1e3 / 2))))
-    del graph
-    graph = _graph_of([fn], n)
-    med = triton.testing.do_bench(graph.replay, warmup=10, rep=50, return_mode="median")
-    del graph
-    return med * 1e3 / n
+    """Per-call median (us) of graph replays, by the decode benchmark's protocol
+    (:func:`bench_decode.time_fns`)."""
+    return time_fns([fn])[0]
 
 
 def big_case(b: int, ctx: int, hq: int, qlen: int, dev, page: int = 64):
