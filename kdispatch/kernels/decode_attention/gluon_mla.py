@@ -31,7 +31,9 @@ serializes the wgmmas, C7515) and the copy waits for the score MMA.
 A page id outside ``[0, num_pages)``, and a page of the tile past the split's end, is never
 dereferenced: its copy is pointed past the end of the cache's row range, which TMA fills
 with zeros without reading memory (the mbarrier still counts the box's bytes), and its
-tokens' scores are -inf (per token: ``ok[t // PAGE]``). Rows of the last (partial) tile
+tokens' scores are -inf (per token: bit ``t // PAGE`` of the tile's validity bits, kept
+in a loop-carried int32 from the ids ``_load_tile`` loaded for the copies: the scores' mask
+reloads no id). Rows of the last (partial) tile
 past the split's end are zeroed in shared memory before the PV MMA (a stale row must not
 turn ``0 * NaN`` into a NaN). The split of a request's tokens and the partials layout
 (``[B, QLEN * H, splits, 512]`` fp32 partial outputs and ``[B, QLEN * H, splits]``
@@ -70,10 +72,12 @@ COMPILED: dict = {}
 
 @gluon.jit
 def _page_row(bt_row, n, end, pred, num_pages, oob_row, PAGE: gl.constexpr):
-    """The cache row of the page holding token ``n``: ``oob_row`` (zeros, nothing read) for
-    a page id outside ``[0, num_pages)`` or a token at or past ``end``."""
+    """The cache row of the page holding token ``n`` and whether it is read (int32 0/1):
+    ``oob_row`` (zeros, nothing read) and 0 for a page id outside ``[0, num_pages)`` or a
+    token at or past ``end`` (or not ``pred``)."""
     pg = gl.load(bt_row + n // PAGE, mask=pred & (n < end), other=-1)
-    return gl.where((pg >= 0) & (pg < num_pages), pg * PAGE, oob_row)
+    valid = (pg >= 0) & (pg < num_pages)
+    return gl.where(valid, pg * PAGE, oob_row), valid.to(gl.int32)
 
 
 @gluon.jit
@@ -94,18 +98,23 @@ def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred,
     """TMA copies of the ``BLOCK_N // PAGE`` (1, 2 or 4) pages of the tile at token ``n0``
     into stage ``st`` (when ``pred``), all of them always (a page past ``end`` or with a
     bad id reads as zeros and still counts its bytes): one constant byte count. The page
-    ids are all loaded before the first copy (each copy is behind a CTA barrier)."""
+    ids are all loaded before the first copy (each copy is behind a CTA barrier). Returns
+    the tile's validity bits (int32, bit ``j``: page ``j`` was read, i.e. its id is in
+    ``[0, num_pages)``, its first token before ``end`` and ``pred``): the scores' mask
+    without reloading the ids."""
     NP: gl.constexpr = BLOCK_N // PAGE
     gl.static_assert(NP == 1 or NP == 2 or NP == 4)
-    r0 = _page_row(bt_row, n0, end, pred, num_pages, oob_row, PAGE)
+    r0, bits = _page_row(bt_row, n0, end, pred, num_pages, oob_row, PAGE)
     r1 = r0
     r2 = r0
     r3 = r0
     if NP > 1:
-        r1 = _page_row(bt_row, n0 + PAGE, end, pred, num_pages, oob_row, PAGE)
+        r1, v1 = _page_row(bt_row, n0 + PAGE, end, pred, num_pages, oob_row, PAGE)
+        bits = bits | (v1 << 1)
     if NP > 2:
-        r2 = _page_row(bt_row, n0 + 2 * PAGE, end, pred, num_pages, oob_row, PAGE)
-        r3 = _page_row(bt_row, n0 + 3 * PAGE, end, pred, num_pages, oob_row, PAGE)
+        r2, v2 = _page_row(bt_row, n0 + 2 * PAGE, end, pred, num_pages, oob_row, PAGE)
+        r3, v3 = _page_row(bt_row, n0 + 3 * PAGE, end, pred, num_pages, oob_row, PAGE)
+        bits = bits | (v2 << 2) | (v3 << 3)
     bar = ready.index(st)
     mbarrier.expect(bar, NP * (kv_desc.block_type.nbytes + pe_desc.block_type.nbytes),
                     pred=pred)
@@ -115,6 +124,7 @@ def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred,
     if NP > 2:
         _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r2, pred, st, 2, BLOCK_N, PAGE)
         _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r3, pred, st, 3, BLOCK_N, PAGE)
+    return bits
 
 
 @gluon.jit
@@ -178,8 +188,9 @@ def _gluon_mla_stage1(
 
     # tile 0 of the split into stage 0
     has_work = n_tiles > 0
-    _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, start, end, has_work, 0,
-               num_pages, oob_row, BLOCK_N, PAGE)
+    # bits: the validity bits of the tile the loop step computes (_load_tile's), carried
+    bits = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, start, end,
+                      has_work, 0, num_pages, oob_row, BLOCK_N, PAGE)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
     # the row sums stay per element until the end: no cross-warpgroup sum per page
@@ -188,6 +199,7 @@ def _gluon_mla_stage1(
     acc = warpgroup_mma_init(gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout))
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     offs_t = gl.arange(0, BLOCK_N, layout=col_s)
+    page_bit = 1 << (offs_t // PAGE)  # a token column's page's bit in ``bits``
     if QLEN > 1:  # each row's visible end: its token's causal limit, within the split
         tok_s = (pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)) // heads
         row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
@@ -200,16 +212,13 @@ def _gluon_mla_stage1(
         pe = pe_smem.index(st)
         if not OVERLAP_PV:  # the other stage's MMAs were waited last page: refill it now,
             gl.thread_barrier()  # under this page's MMAs, once both warpgroups are past them
-            _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + BLOCK_N,
-                       end, i + 1 < n_tiles, 1 - st, num_pages, oob_row, BLOCK_N, PAGE)
-        # the tokens' page ids checked (loaded before the waits: their latency hidden)
+            bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
+                                   n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
+                                   oob_row, BLOCK_N, PAGE)
+        # a token is seen when it is before the split's end and its page was read (the
+        # bits kept from the tile's copies: no page id reloaded here)
         tok = n0 + offs_t
-        if PAGE == BLOCK_N:  # one page id a tile
-            pg = gl.load(bt_row + n0 // PAGE)
-            ok = (tok < end) & ((pg >= 0) & (pg < num_pages))
-        else:  # per token (a few distinct addresses: cache hits); past the end: -1
-            pg_t = gl.load(bt_row + tok // PAGE, mask=tok < end, other=-1)
-            ok = (pg_t >= 0) & (pg_t < num_pages)
+        ok = (offs_t < end - n0) & ((bits & page_bit) != 0)
         mbarrier.wait(ready.index(st), (i // 2) & 1)
         if n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
             rows_z = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zero_l))
@@ -225,8 +234,9 @@ def _gluon_mla_stage1(
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
         if OVERLAP_PV:  # both warpgroups are done with the other stage only now
             gl.thread_barrier()
-            _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0 + BLOCK_N,
-                       end, i + 1 < n_tiles, 1 - st, num_pages, oob_row, BLOCK_N, PAGE)
+            bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
+                                   n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
+                                   oob_row, BLOCK_N, PAGE)
 
         if QLEN > 1:
             visible = (tok[None, :] < row_end[:, None]) & ok[None, :]
@@ -247,6 +257,7 @@ def _gluon_mla_stage1(
         if not OVERLAP_PV:  # an accumulator in flight across the back edge makes ptxas
             # serialize the wgmmas (C7515); waiting here keeps each chain pipelined
             acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
+        bits = bits_next
 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.invalidate(ready.index(0))
