@@ -203,9 +203,13 @@ def _gluon_mla_stage1(
         page_bit: gl.constexpr = 1
     else:  # a token column's page's bit in ``bits`` ([1, BLOCK_N])
         page_bit = (1 << (offs_t // PAGE))[None, :]
+    ALL_PAGES: gl.constexpr = (1 << (BLOCK_N // PAGE)) - 1  # every page of a tile read
+    # a tile ending at or before ``clean_end`` with every page read needs no mask
+    clean_end = end
     if QLEN > 1:  # each row's visible end: its token's causal limit, within the split
         tok_s = (pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)) // heads
         row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
+        clean_end = gl.minimum(seq_len - (QLEN - 1) + (pid_h * BLOCK_H) // heads, end)
     mbarrier.wait(q_bar, 0)
 
     for i in range(n_tiles):
@@ -218,10 +222,6 @@ def _gluon_mla_stage1(
             bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
                                    n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
                                    oob_row, BLOCK_N, PAGE)
-        # a token is seen when its page was read (the bits kept from the tile's copies: no
-        # page id reloaded here) and it is before the split's end (below)
-        tok = n0 + offs_t
-        page_ok = (bits & page_bit) != 0
         mbarrier.wait(ready.index(st), (i // 2) & 1)
         if n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
             rows_z = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zero_l))
@@ -241,11 +241,16 @@ def _gluon_mla_stage1(
                                    n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
                                    oob_row, BLOCK_N, PAGE)
 
-        if QLEN > 1:  # a row's end is within the split's
-            visible = (tok[None, :] < row_end[:, None]) & page_ok
-        else:
-            visible = (offs_t < end - n0)[None, :] & page_ok
-        s = gl.where(visible, s * qk_scale, float("-inf"))
+        if (bits == ALL_PAGES) & (n0 + BLOCK_N <= clean_end):  # (uniform) nothing masked
+            s = s * qk_scale
+        else:  # a token is seen when its page was read (the bits kept from the tile's
+            # copies: no page id reloaded here) and it is before its row's end
+            page_ok = (bits & page_bit) != 0
+            if QLEN > 1:  # a row's end is within the split's
+                visible = ((n0 + offs_t)[None, :] < row_end[:, None]) & page_ok
+            else:
+                visible = (offs_t < end - n0)[None, :] & page_ok
+            s = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
