@@ -43,7 +43,6 @@ log2-sum-exp, row ``head * QLEN + token``) are those of the Triton stage 1 with
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -56,18 +55,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kdispatch.kernels.decode_attention.kernels import _decode_reduce
+from kdispatch.kernels.decode_attention.checks import q_dims
 
 LOG2E = 1.4426950408889634
 BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
 BLOCK_N = 64      # tokens per tile (the split chunking's unit)
-PAGE_SIZES = (16, 32, 64)  # cache page sizes: a tile is 64 // PAGE pages
 DV = 512          # latent (V) columns
 DPE = 64          # rope columns
 NUM_WARPS = 8     # two warpgroups
-REDUCE_SPLIT_CHUNK = 8
-#: the compiled stage 1 of the last launch at each split count (registers, spills, smem)
-COMPILED: dict = {}
 
 
 @gluon.jit
@@ -292,68 +287,20 @@ def _smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
-def q_dims(q) -> tuple[int, int, int]:
-    """``(B, QLEN, H)`` of a ``[B, H, 576]`` or ``[B, QLEN, H, 576]`` q."""
-    if q.dim() == 3:
-        return q.shape[0], 1, q.shape[1]
-    return q.shape[0], q.shape[1], q.shape[2]
-
-
 def q_rows_uniform(q) -> bool:
     """Whether q's ``B x QLEN x H`` rows are one 2-D view TMA can address: unit-stride
     columns, one 16-byte aligned row stride, rows in (request, token, head) order."""
-    b, t, h = q_dims(q)
+    b, t, h, _ = q_dims(q)
     st = list(q.stride()) if q.dim() == 4 else [q.stride(0), 0, q.stride(1), q.stride(2)]
     rs = st[2]
     return (st[3] == 1 and rs % 8 == 0 and q.data_ptr() % 16 == 0
             and (t == 1 or st[1] == h * rs) and (b == 1 or st[0] == t * h * rs))
 
 
-def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
-    """Host checks of :func:`gluon_mla_decode` (ValueError / TypeError naming the problem)."""
-    for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table),
-                    ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() not in (3, 4) or q.shape[-1] != DV + DPE or 0 in q.shape:
-        raise ValueError(f"q must be [B, H, {DV + DPE}] or [B, QLEN, H, {DV + DPE}], got "
-                         f"{tuple(q.shape)}")
-    b = q.shape[0]
-    if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
-        raise TypeError(f"q and kv_cache must be bfloat16, got {q.dtype} and {kv_cache.dtype}")
-    if (kv_cache.dim() != 4 or kv_cache.shape[1] not in PAGE_SIZES
-            or tuple(kv_cache.shape[2:]) != (1, DV + DPE)):
-        raise ValueError(f"kv_cache must be [num_pages, page in {PAGE_SIZES}, 1, {DV + DPE}], "
-                         f"got {tuple(kv_cache.shape)}")
-    page = kv_cache.shape[1]
-    if kv_cache.shape[0] == 0:
-        raise ValueError("kv_cache has no pages")
-    if (kv_cache.stride(3) != 1 or kv_cache.stride(0) != page * kv_cache.stride(1)
-            or (kv_cache.stride(1) * 2) % 16 or kv_cache.data_ptr() % 16):
-        raise ValueError("kv_cache rows must be contiguous, 16-byte aligned, pages packed "
-                         f"(strides {kv_cache.stride()})")
-    if kv_cache.shape[0] * page >= 2**31:
-        raise ValueError("kv_cache has too many rows for 32-bit TMA coordinates")
-    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.dtype != torch.int32:
-        raise ValueError(f"block_table must be int32 [{b}, max_pages], got "
-                         f"{block_table.dtype} {tuple(block_table.shape)}")
-    if block_table.stride(1) != 1:
-        raise ValueError("block_table rows must be contiguous")
-    if seq_lens.dim() != 1 or seq_lens.shape[0] != b or seq_lens.dtype != torch.int32:
-        raise ValueError(f"seq_lens must be int32 [{b}], got {seq_lens.dtype} "
-                         f"{tuple(seq_lens.shape)}")
-    if not isinstance(num_kv_splits, int) or num_kv_splits < 1:
-        raise ValueError(f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
-    devs = {t.device for t in (q, kv_cache, block_table, seq_lens)}
-    if len(devs) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
-
-
 def descriptors(q, kv_cache):
     """(q latent, q rope, cache latent, cache rope) TMA descriptors over 2-D row views
     (q's rows: ``(b * QLEN + token) * H + head``), and the q they read."""
-    b, t, h = q_dims(q)
-    d = q.shape[-1]
+    b, t, h, d = q_dims(q)
     q2 = q if q_rows_uniform(q) else q.contiguous()
     q_rows, q_stride = b * t * h, q2.stride(-2)
     page = kv_cache.shape[1]
@@ -373,7 +320,7 @@ def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits,
     """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
     ``(cdiv(QLEN * H, 64), splits, B)``, partials ``po`` ``[B, QLEN * H, splits, 512]``
     and ``pl`` ``[B, QLEN * H, splits]`` (row ``head * QLEN + token``)."""
-    b, t, h = q_dims(q)
+    b, t, h, _ = q_dims(q)
     page = kv_cache.shape[1]
     qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
     args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl, float(scale) * LOG2E,
@@ -383,35 +330,3 @@ def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits,
           "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS, "QLEN": t,
           "BLOCK_N": BLOCK_N}
     return (-(-(t * h) // BLOCK_H), num_kv_splits, b), args, kw
-
-
-def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_splits: int,
-                     out=None, workspace=None, overlap_pv: bool = False):
-    """Absorbed-MLA decode: the Gluon stage 1, then the existing reduce. Returns ``out``
-    (``[B, H, 512]``, or ``[B, QLEN, H, 512]`` for a 4-D q, in q's dtype). ``workspace``:
-    an fp32 tensor of at least ``B * QLEN * H * splits * 513`` elements to reuse (e.g.
-    under graph capture). ``overlap_pv``:
-    leave the PV MMA in flight into the next page's score MMA (ptxas then serializes the
-    wgmmas: which is faster is for the GPU to say)."""
-    check_args(q, kv_cache, block_table, seq_lens, num_kv_splits)
-    b, t, h = q_dims(q)
-    s, rows = num_kv_splits, t * h
-    n_po = b * rows * s * DV
-    if workspace is None:
-        workspace = torch.empty(n_po + b * rows * s, dtype=torch.float32, device=q.device)
-    po = workspace[:n_po].view(b, rows, s, DV)
-    pl = workspace[n_po:n_po + b * rows * s].view(b, rows, s)
-    if out is None:
-        out = q.new_empty(*q.shape[:-1], DV)
-    grid, args, kw = stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, s, po, pl,
-                                        overlap_pv)
-    COMPILED[(s, bool(overlap_pv), t, kv_cache.shape[1])] = _gluon_mla_stage1[grid](*args, **kw)
-    splits_p2 = max(16, 1 << max(0, s - 1).bit_length())
-    o_st = (out.stride(0), 0, out.stride(1)) if out.dim() == 3 else out.stride()[:3]
-    _decode_reduce[(rows, 1, b)](
-        seq_lens, po, pl, out, 0, block_table.shape[1] * kv_cache.shape[1], seq_lens.stride(0),
-        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), *o_st,
-        DV=DV, BLOCK_DV=DV, BLOCK_N=BLOCK_N, NUM_KV_SPLITS=s, SPLITS_P2=splits_p2,
-        SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False, QLEN=t,
-        num_warps=4, num_stages=2)
-    return out
