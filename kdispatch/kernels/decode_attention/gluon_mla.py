@@ -23,10 +23,9 @@ Per 64-token tile step:
   (each holds a 64 x 256 fp32 accumulator, 128 registers a thread).
 
 The next tile's copies go into the other stage as soon as both warpgroups are done with
-it: by default the PV MMA is waited at the end of each tile, so the copy is issued at the
-top of the next one and runs under the whole tile's MMAs and softmax; with
-``OVERLAP_PV`` the PV MMA stays in flight into the next tile's score MMA (ptxas then
-serializes the wgmmas, C7515) and the copy waits for the score MMA.
+it: the PV MMA is waited at the end of each tile, so the copy is issued at the top of the
+next one and runs under the whole tile's MMAs and softmax (a PV MMA left in flight into
+the next tile's score MMA makes ptxas serialize the wgmmas, C7515: docs/decode_notes.md).
 
 A page id outside ``[0, num_pages)``, and a page of the tile past the split's end, is never
 dereferenced: its copy is pointed past the end of the cache's row range, which TMA fills
@@ -128,7 +127,7 @@ def _gluon_mla_stage1(
     qk_scale, max_len, num_pages, heads,
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
-    DV: gl.constexpr, DPE: gl.constexpr, OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr,
+    DV: gl.constexpr, DPE: gl.constexpr, num_warps: gl.constexpr,
     QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64,
 ):
     gl.static_assert(num_warps == 8)
@@ -208,11 +207,11 @@ def _gluon_mla_stage1(
         n0 = start + i * BLOCK_N
         kv = kv_smem.index(st)
         pe = pe_smem.index(st)
-        if not OVERLAP_PV:  # the other stage's MMAs were waited last page: refill it now,
-            gl.thread_barrier()  # under this page's MMAs, once both warpgroups are past them
-            bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
-                                   n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
-                                   oob_row, BLOCK_N, PAGE)
+        # the other stage's MMAs were waited last tile: refill it now, under this tile's
+        gl.thread_barrier()  # MMAs, once both warpgroups are past them
+        bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
+                               n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
+                               oob_row, BLOCK_N, PAGE)
         # a token is seen when its page was read (the bits kept from the tile's copies: no
         # page id reloaded here) and it is before the split's end (below)
         tok = n0 + offs_t
@@ -228,13 +227,8 @@ def _gluon_mla_stage1(
             gl.thread_barrier()
         s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), s, is_async=True)
-        # waits this warpgroup's score MMA (and its previous PV MMA when that is in flight)
+        # waits this warpgroup's score MMA (its PV MMA was waited last tile)
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-        if OVERLAP_PV:  # both warpgroups are done with the other stage only now
-            gl.thread_barrier()
-            bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
-                                   n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
-                                   oob_row, BLOCK_N, PAGE)
 
         if QLEN > 1:  # a row's end is within the split's
             visible = (tok[None, :] < row_end[:, None]) & page_ok
@@ -252,9 +246,9 @@ def _gluon_mla_stage1(
         gl.thread_barrier()  # every warp's P is in shared memory before the MMA reads it
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         acc = warpgroup_mma(p_smem, kv, acc, is_async=True)
-        if not OVERLAP_PV:  # an accumulator in flight across the back edge makes ptxas
-            # serialize the wgmmas (C7515); waiting here keeps each chain pipelined
-            acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
+        # an accumulator in flight across the back edge makes ptxas serialize the wgmmas
+        # (C7515); waiting here keeps each chain pipelined
+        acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
         bits = bits_next
 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -315,8 +309,7 @@ def descriptors(q, kv_cache):
             TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [page, DPE], lay), q2)
 
 
-def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
-                       overlap_pv: bool = False):
+def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl):
     """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
     ``(cdiv(QLEN * H, 64), splits, B)``, partials ``po`` ``[B, QLEN * H, splits, 512]``
     and ``pl`` ``[B, QLEN * H, splits]`` (row ``head * QLEN + token``)."""
@@ -327,6 +320,5 @@ def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits,
             block_table.shape[1] * page, kv_cache.shape[0], h, block_table.stride(0),
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": page, "DV": DV,
-          "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS, "QLEN": t,
-          "BLOCK_N": BLOCK_N}
+          "DPE": DPE, "num_warps": NUM_WARPS, "QLEN": t, "BLOCK_N": BLOCK_N}
     return (-(-(t * h) // BLOCK_H), num_kv_splits, b), args, kw
