@@ -9,7 +9,8 @@ q ``[B, QLEN, H, 576]``; ``[B, H, 576]`` when QLEN is 1); a tile is 64 tokens, `
 pages of the cache's page size P (16, 32 or 64), each page its own TMA copies.
 (a) ``correct-P`` (each P of ``--pages``): (H, QLEN) in (16,2) (128,1) (16,1) (with
 ``--shapes all`` also (16,4) (128,2) (12,2)) at splits 1-3, through the dispatcher with the
-Gluon config (and ``gluon_mla_decode`` directly at 2 splits), ragged lengths 1, 2, 15, 16,
+Gluon config (and at 2 splits through the explicit-config launch path, the launches
+``launch_decode_attention`` runs, recording the compiled stage 1), ragged lengths 1, 2, 15, 16,
 17, 63, 64, 65, 1000 (lengths below QLEN: a token that sees no cached token gets zeros, as
 the reference and the Triton path give), -1 page ids in the unused table slots, NaN in the
 cache rows past each length and in unused pages; then bad page ids inside a request's
@@ -18,7 +19,7 @@ range (out of range, negative), against the reference over the remaining pages;
 2, 4, 8 and (128,1) at 1, 2 (``--shapes all``: also (16,4), (128,2)), CUDA-graph replays
 (medians), TFLOPS on the real rows: the Triton tile at kdispatch's heuristic config (the
 Triton branch of the heuristic where it picks Gluon) against Gluon (stage 1 + reduce
-through the dispatcher, and stage 1 alone).
+through the dispatcher, and the dispatcher's stage-1 launch alone).
 Each phase runs in its own process with a time limit. Writes $OUT/gluon_mla_check.json.
 """
 
@@ -40,11 +41,16 @@ import triton
 
 import kdispatch
 from bench_decode import time_fns
+from kdispatch.kernels.decode_attention.gluon_mla import _gluon_mla_stage1
+from kdispatch.kernels.decode_attention.launch import checked_plan, planned_launches
 from kdispatch.kernels.decode_attention.reference import reference_decode_attention
+from kdispatch.kernels.decode_attention.spec import gluon_config
 
 DK, DV = 576, 512
 RESULT: dict = {"correctness": [], "timing": [], "errors": [], "compiled": {}}
 GLUON = {"kernel": "gluon", "block_n": 64, "block_h": 64, "num_warps": 8, "num_stages": 2}
+#: the compiled stage 1 of the explicit-config launches, by (splits, QLEN, page size)
+COMPILED: dict = {}
 
 
 SAVE: list[Path] = []  # a child's part file, rewritten after every result
@@ -63,13 +69,15 @@ def fail(where: str, exc: BaseException) -> None:
                              "trace": traceback.format_exc()[-6000:]})
 
 
-def gluon_module():
-    try:
-        from kdispatch.kernels.decode_attention import gluon_mla
-        return gluon_mla
-    except Exception as exc:  # noqa: BLE001 - report and go on without it
-        fail("import gluon_mla", exc)
-        return None
+def gluon_launches(q, k, bt, sl, scale: float, splits: int, out):
+    """The launches of the Gluon config at ``splits`` as the explicit-config launcher
+    (``launch_decode_attention``) runs them: the Gluon stage 1, then the reduce, into
+    ``out``. Raises where the dispatcher would run the Triton tile for this call."""
+    todo = planned_launches(gluon_config(splits), q, k, k[..., :DV], bt, sl, scale=scale,
+                            out=out)
+    if todo[0].fn is not _gluon_mla_stage1:
+        raise RuntimeError("the dispatcher plans the Triton tile for this call, not Gluon")
+    return todo
 
 
 def _q(b: int, qlen: int, hq: int, g, dev):
@@ -114,9 +122,7 @@ MORE_SHAPES = [(16, 4), (128, 2), (12, 2)]
 LENS = [1, 2, 15, 16, 17, 63, 64, 65, 1000]
 
 
-def check_correctness(G, dev, page: int, shapes) -> None:
-    from kdispatch.kernels.decode_attention.launch import checked_plan
-    from kdispatch.kernels.decode_attention.spec import DecodeConfig
+def check_correctness(dev, page: int, shapes) -> None:
     cases = [(hq, t, s, LENS) for hq, t in shapes for s in (1, 2, 3)]
     cases += [(16, 1, 2, [1000]), (16, 2, 3, [65])]  # one request: fewer rows than the box
     for hq, qlen, splits, lens in cases:
@@ -128,13 +134,16 @@ def check_correctness(G, dev, page: int, shapes) -> None:
         ok = True
         try:
             cfg = {**GLUON, "num_kv_splits": splits}
-            row["dispatch_gluon"] = checked_plan(DecodeConfig(**cfg), q, k, v, bt, sl, None,
+            row["dispatch_gluon"] = checked_plan(gluon_config(splits), q, k, v, bt, sl, None,
                                                  0.0).gluon
             got = kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, config=cfg)
             torch.cuda.synchronize()
             ok &= _compare(row, "dispatch", got, ref) and row["dispatch_gluon"]
-            if splits == 2 and G is not None:
-                got = G.gluon_mla_decode(q, k, bt, sl, scale, splits)
+            if splits == 2:
+                got = q.new_empty(*q.shape[:-1], DV)
+                compiled = [launch.run() for launch in gluon_launches(q, k, bt, sl, scale,
+                                                                      splits, got)]
+                COMPILED[(splits, qlen, page)] = compiled[0]
                 torch.cuda.synchronize()
                 ok &= _compare(row, "direct", got, ref)
         except Exception as exc:  # noqa: BLE001
@@ -152,7 +161,7 @@ def check_correctness(G, dev, page: int, shapes) -> None:
 BAD_SLOTS = [(0, 3, None), (0, 5, -1), (1, 0, -5)]
 
 
-def check_bad_pages(G, dev, page: int) -> None:
+def check_bad_pages(dev, page: int) -> None:
     """Bad page ids inside a request's range: the reference over the other pages."""
     for hq, qlen, splits in ((64, 1, 2), (16, 2, 3), (128, 1, 1)):
         q, k, bt, sl = small_case(hq, qlen, [1000, 300], dev, seed=7, page=page)
@@ -218,7 +227,7 @@ def triton_config(q, k, v, bt, sl):
         S.gluon_fits = fits
 
 
-def time_shape(G, dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict,
+def time_shape(dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict,
                page: int = 64) -> None:
     name = row["shape"]
     q, k, bt, sl = big_case(b, ctx, hq, qlen, dev, page)
@@ -261,14 +270,7 @@ def time_shape(G, dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict,
                 cell["max_err"] = (out[:2].float() - ref).abs().max().item()
             cell["us"] = time_fn(fn)
             cell["tflops"] = flops / cell["us"] * 1e-6
-            if G is not None:
-                rows = qlen * hq
-                po = torch.empty(b, rows, s, DV, device=dev)
-                pl = torch.empty(b, rows, s, device=dev)
-                grid, args, kw = G.stage1_launch_args(q, k, bt, sl, scale, s, po, pl)
-                st1 = lambda grid=grid, args=args, kw=kw: G._gluon_mla_stage1[grid](
-                    *args, **kw)
-                cell["stage1_us"] = time_fn(st1)
+            cell["stage1_us"] = time_fn(gluon_launches(q, k, bt, sl, scale, s, out)[0].run)
             log(f"{name}: gluon splits {s}: {cell['us']:.1f} us ({cell['tflops']:.0f} "
                 f"TFLOPS), stage 1 alone {cell.get('stage1_us', float('nan')):.1f} us, "
                 f"max err {cell.get('max_err')}")
@@ -284,10 +286,10 @@ def time_shape(G, dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict,
             f"{row.get('triton_us', float('nan')):.1f} us: {row['speedup_vs_triton']:.2f}x")
 
 
-def compiled_info(G) -> None:
+def compiled_info() -> None:
     """Registers, spills and shared memory of the compiled stage 1 (as the JIT built it)."""
     try:
-        for key, k in getattr(G, "COMPILED", {}).items():
+        for key, k in COMPILED.items():
             RESULT["compiled"][str(key)] = {"n_regs": k.n_regs, "n_spills": k.n_spills,
                                             "shared": k.metadata.shared}
             log(f"compiled {key}: regs {k.n_regs} spills {k.n_spills} "
@@ -307,24 +309,22 @@ MORE_TIMED = [(16, 4, (2, 4, 8)), (128, 2, (1, 2))]
 
 def run_phase(phase: str, args) -> None:
     dev = torch.device("cuda")
-    G = gluon_module()
     kind, page = phase.rsplit("-", 1)
     page = int(page)
     every = args.shapes == "all"
     if kind == "correct":
-        check_correctness(G, dev, page, CORRECT_SHAPES + (MORE_SHAPES if every else []))
-        check_bad_pages(G, dev, page)
+        check_correctness(dev, page, CORRECT_SHAPES + (MORE_SHAPES if every else []))
+        check_bad_pages(dev, page)
     else:
         for hq, qlen, splits in TIMED + (MORE_TIMED if every else []):
             row = {"shape": f"page{page} h{hq} qlen{qlen} b{args.batch} x {args.context}"}
             RESULT["timing"].append(row)  # filled in place: a killed child keeps its part
             try:
-                time_shape(G, dev, args.batch, args.context, hq, qlen, splits, row, page)
+                time_shape(dev, args.batch, args.context, hq, qlen, splits, row, page)
             except Exception as exc:  # noqa: BLE001
                 fail(f"timing {row['shape']}", exc)
             torch.cuda.empty_cache()
-    if G is not None:
-        compiled_info(G)
+    compiled_info()
 
 
 def main() -> int:

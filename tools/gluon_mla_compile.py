@@ -2,9 +2,9 @@
 on a machine without a GPU and report ptxas's registers and spills and the shared memory::
 
     PYTHONPATH=. python tools/gluon_mla_compile.py [--splits 1,2] [--rows 128x1,16x2]
-        [--page 16,32,64] [--no-overlap] [--dump DIR]
+        [--page 16,32,64] [--dump DIR]
 
-Prints one JSON line per (page size, heads x QLEN, split count, overlap_pv); exits 1 when a
+Prints one JSON line per (page size, heads x QLEN, split count); exits 1 when a
 compile fails, spills, or needs more than the 227 KB of shared memory an sm_90 block may
 have. Run without TRITON_INTERPRET.
 """
@@ -28,8 +28,8 @@ from kdispatch.launching import KernelLaunch  # noqa: E402
 SMEM_LIMIT = 227 * 1024
 
 
-def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False, heads: int = 128,
-                   qlen: int = 1, page: int = 64):
+def compile_stage1(splits: int, arch: int = 90, heads: int = 128, qlen: int = 1,
+                   page: int = 64):
     """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
     grid and the integer specializations; the descriptors' block shapes, the dtypes and
     the alignment are what count). ``qlen`` > 1: a 4-D q; ``page``: the cache's page size."""
@@ -43,7 +43,7 @@ def compile_stage1(splits: int, arch: int = 90, overlap_pv: bool = False, heads:
     ws = torch.empty(b * r * splits * (G.DV + 1))
     po = ws[:b * r * splits * G.DV].view(b, r, splits, G.DV)
     pl = ws[b * r * splits * G.DV:].view(b, r, splits)
-    grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, overlap_pv)
+    grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl)
     warps = kw.pop("num_warps")
     return compile_launch(KernelLaunch(G._gluon_mla_stage1, grid, args, kw,
                                        {"num_warps": warps}), arch)
@@ -63,18 +63,16 @@ def main() -> int:
     ap.add_argument("--splits", default="1,2")
     ap.add_argument("--rows", default="128x1", help="HEADSxQLEN list, e.g. 128x1,16x2")
     ap.add_argument("--page", default="64", help="cache page sizes, e.g. 16,32,64")
-    ap.add_argument("--no-overlap", action="store_true", help="only the default PV wait")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
     args = ap.parse_args()
     bad = 0
     shapes = [tuple(int(v) for v in x.split("x")) for x in args.rows.split(",")]
-    ovs = (False,) if args.no_overlap else (False, True)
     pages = [int(x) for x in args.page.split(",")]
-    for pg, (h, t), s, ov in ((pg, hq, int(x), ov) for pg in pages for hq in shapes
-                              for x in args.splits.split(",") for ov in ovs):
-        tag = {"page": pg, "heads": h, "qlen": t, "splits": s, "overlap_pv": ov}
+    for pg, (h, t), s in ((pg, hq, int(x)) for pg in pages for hq in shapes
+                          for x in args.splits.split(",")):
+        tag = {"page": pg, "heads": h, "qlen": t, "splits": s}
         try:
-            k = compile_stage1(s, overlap_pv=ov, heads=h, qlen=t, page=pg)
+            k = compile_stage1(s, heads=h, qlen=t, page=pg)
         except Exception as exc:  # noqa: BLE001 - report, exit 1
             print(json.dumps({**tag, "error": str(exc)[:4000]}))
             bad += 1
@@ -83,7 +81,7 @@ def main() -> int:
         print(json.dumps(rep), flush=True)
         if args.dump:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
-            stem = f"stage1_p{pg}_h{h}q{t}_s{s}_ov{int(ov)}"
+            stem = f"stage1_p{pg}_h{h}q{t}_s{s}"
             (Path(args.dump) / f"{stem}.ttgir").write_text(k.asm["ttgir"])
             (Path(args.dump) / f"{stem}.ptx").write_text(k.asm["ptx"])
         bad += bool(rep["regs"] is None or rep["spill_store_bytes"]

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from kdispatch.device import Device
+from kdispatch.kernels.decode_attention import launch as L
 from kdispatch.kernels.decode_attention import reference_decode_attention, spec
+from kdispatch.kernels.decode_attention.gluon_mla import _gluon_mla_stage1
+from kdispatch.kernels.decode_attention.kernels import _decode_reduce
 from kdispatch.kernels.decode_attention.launch import (checked_plan, launch_decode_attention,
-                                                       plan)
+                                                       launches, plan)
 from kdispatch.registry import get_op
 from kdispatch.store import digest
 
@@ -89,6 +92,30 @@ def test_the_gluon_plan_orders_rows_as_the_triton_latent_tile(hq, q_len, q4d):
     assert g.out_shape == t.out_shape
     assert g.constexprs["QLEN"] == q_len and g.reduce_constexprs["QLEN"] == q_len
     assert g.reduce_grid[0] == hq * q_len and g.reduce_grid[2] == b
+
+
+@pytest.mark.parametrize("hq, q_len, page", [(128, 1, 64), (16, 2, 16)])
+def test_a_gluon_plan_launches_its_stage_1_and_the_triton_tiles_reduce_without_a_zero_row(
+        monkeypatch, hq, q_len, page):
+    """The Gluon stage 1 with the plan's constexprs, then the reduce the Triton latent plan of
+    the same tile and split count launches; no zero row is made (the Gluon tile reads none)."""
+    monkeypatch.setattr(L, "zero_row", lambda *a: pytest.fail("a zero row for a Gluon plan"))
+    b, splits = 3, 4
+    g = plan(spec.gluon_config(splits), b, hq, 576, page, 1, 512, True, False, False, False,
+             q_len, q_len > 1, gluon=True)
+    t = plan(spec.DecodeConfig(num_kv_splits=splits, block_n=64, block_h=64, num_warps=8,
+                               num_stages=2), b, hq, 576, page, 1, 512, True, False, False,
+             False, q_len, q_len > 1)
+    q = torch.zeros(b, q_len, hq, 576, dtype=torch.bfloat16)
+    q = q if q_len > 1 else q[:, 0]
+    k = torch.zeros(5, page, 1, 576, dtype=torch.bfloat16)
+    bt, sl = torch.zeros(b, 4, dtype=torch.int32), torch.ones(b, dtype=torch.int32)
+    stage1, reduce = launches(g, q, k, k[..., :512], bt, sl, q.new_empty(g.out_shape), 0.1,
+                              0.0, 0)
+    assert stage1.fn is _gluon_mla_stage1 and stage1.grid == g.grid == t.grid
+    assert stage1.constexprs == g.constexprs and stage1.options == {"num_warps": 8}
+    assert reduce.fn is _decode_reduce and reduce.grid == t.reduce_grid
+    assert (reduce.constexprs, reduce.options) == (t.reduce_constexprs, t.reduce_options)
 
 
 def test_other_devices_never_get_the_gluon_tile():

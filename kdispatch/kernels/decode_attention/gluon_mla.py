@@ -23,17 +23,17 @@ Per 64-token tile step:
   (each holds a 64 x 256 fp32 accumulator, 128 registers a thread).
 
 The next tile's copies go into the other stage as soon as both warpgroups are done with
-it: by default the PV MMA is waited at the end of each tile, so the copy is issued at the
-top of the next one and runs under the whole tile's MMAs and softmax; with
-``OVERLAP_PV`` the PV MMA stays in flight into the next tile's score MMA (ptxas then
-serializes the wgmmas, C7515) and the copy waits for the score MMA.
+it: the PV MMA is waited at the end of each tile, so the copy is issued at the top of the
+next one and runs under the whole tile's MMAs and softmax (a PV MMA left in flight into
+the next tile's score MMA makes ptxas serialize the wgmmas, C7515: docs/decode_notes.md).
 
 A page id outside ``[0, num_pages)``, and a page of the tile past the split's end, is never
 dereferenced: its copy is pointed past the end of the cache's row range, which TMA fills
 with zeros without reading memory (the mbarrier still counts the box's bytes), and its
 tokens' scores are -inf (per token: bit ``t // PAGE`` of the tile's validity bits, kept
 in a loop-carried int32 from the ids ``_load_tile`` loaded for the copies: the scores' mask
-reloads no id). Rows of the last (partial) tile
+reloads no id; a tile whose pages were all read and that ends before every row's end
+scales its scores with no mask, a uniform branch). Rows of the last (partial) tile
 past the split's end are zeroed in shared memory before the PV MMA (a stale row must not
 turn ``0 * NaN`` into a NaN). The split of a request's tokens and the partials layout
 (``[B, QLEN * H, splits, 512]`` fp32 partial outputs and ``[B, QLEN * H, splits]``
@@ -43,7 +43,6 @@ log2-sum-exp, row ``head * QLEN + token``) are those of the Triton stage 1 with
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -56,18 +55,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kdispatch.kernels.decode_attention.kernels import _decode_reduce
+from kdispatch.kernels.decode_attention.checks import q_dims
 
 LOG2E = 1.4426950408889634
 BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
 BLOCK_N = 64      # tokens per tile (the split chunking's unit)
-PAGE_SIZES = (16, 32, 64)  # cache page sizes: a tile is 64 // PAGE pages
 DV = 512          # latent (V) columns
 DPE = 64          # rope columns
 NUM_WARPS = 8     # two warpgroups
-REDUCE_SPLIT_CHUNK = 8
-#: the compiled stage 1 of the last launch at each split count (registers, spills, smem)
-COMPILED: dict = {}
 
 
 @gluon.jit
@@ -133,7 +128,7 @@ def _gluon_mla_stage1(
     qk_scale, max_len, num_pages, heads,
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
-    DV: gl.constexpr, DPE: gl.constexpr, OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr,
+    DV: gl.constexpr, DPE: gl.constexpr, num_warps: gl.constexpr,
     QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64,
 ):
     gl.static_assert(num_warps == 8)
@@ -217,11 +212,11 @@ def _gluon_mla_stage1(
         n0 = start + i * BLOCK_N
         kv = kv_smem.index(st)
         pe = pe_smem.index(st)
-        if not OVERLAP_PV:  # the other stage's MMAs were waited last page: refill it now,
-            gl.thread_barrier()  # under this page's MMAs, once both warpgroups are past them
-            bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
-                                   n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
-                                   oob_row, BLOCK_N, PAGE)
+        # the other stage's MMAs were waited last tile: refill it now, under this tile's
+        gl.thread_barrier()  # MMAs, once both warpgroups are past them
+        bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
+                               n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
+                               oob_row, BLOCK_N, PAGE)
         mbarrier.wait(ready.index(st), (i // 2) & 1)
         if n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
             rows_z = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zero_l))
@@ -233,13 +228,8 @@ def _gluon_mla_stage1(
             gl.thread_barrier()
         s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), s, is_async=True)
-        # waits this warpgroup's score MMA (and its previous PV MMA when that is in flight)
+        # waits this warpgroup's score MMA (its PV MMA was waited last tile)
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-        if OVERLAP_PV:  # both warpgroups are done with the other stage only now
-            gl.thread_barrier()
-            bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
-                                   n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
-                                   oob_row, BLOCK_N, PAGE)
 
         if (bits == ALL_PAGES) & (n0 + BLOCK_N <= clean_end):  # (uniform) nothing masked
             s = s * qk_scale
@@ -262,9 +252,9 @@ def _gluon_mla_stage1(
         gl.thread_barrier()  # every warp's P is in shared memory before the MMA reads it
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         acc = warpgroup_mma(p_smem, kv, acc, is_async=True)
-        if not OVERLAP_PV:  # an accumulator in flight across the back edge makes ptxas
-            # serialize the wgmmas (C7515); waiting here keeps each chain pipelined
-            acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
+        # an accumulator in flight across the back edge makes ptxas serialize the wgmmas
+        # (C7515); waiting here keeps each chain pipelined
+        acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
         bits = bits_next
 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -297,68 +287,20 @@ def _smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
-def q_dims(q) -> tuple[int, int, int]:
-    """``(B, QLEN, H)`` of a ``[B, H, 576]`` or ``[B, QLEN, H, 576]`` q."""
-    if q.dim() == 3:
-        return q.shape[0], 1, q.shape[1]
-    return q.shape[0], q.shape[1], q.shape[2]
-
-
 def q_rows_uniform(q) -> bool:
     """Whether q's ``B x QLEN x H`` rows are one 2-D view TMA can address: unit-stride
     columns, one 16-byte aligned row stride, rows in (request, token, head) order."""
-    b, t, h = q_dims(q)
+    b, t, h, _ = q_dims(q)
     st = list(q.stride()) if q.dim() == 4 else [q.stride(0), 0, q.stride(1), q.stride(2)]
     rs = st[2]
     return (st[3] == 1 and rs % 8 == 0 and q.data_ptr() % 16 == 0
             and (t == 1 or st[1] == h * rs) and (b == 1 or st[0] == t * h * rs))
 
 
-def check_args(q, kv_cache, block_table, seq_lens, num_kv_splits: int) -> None:
-    """Host checks of :func:`gluon_mla_decode` (ValueError / TypeError naming the problem)."""
-    for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table),
-                    ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() not in (3, 4) or q.shape[-1] != DV + DPE or 0 in q.shape:
-        raise ValueError(f"q must be [B, H, {DV + DPE}] or [B, QLEN, H, {DV + DPE}], got "
-                         f"{tuple(q.shape)}")
-    b = q.shape[0]
-    if q.dtype != torch.bfloat16 or kv_cache.dtype != torch.bfloat16:
-        raise TypeError(f"q and kv_cache must be bfloat16, got {q.dtype} and {kv_cache.dtype}")
-    if (kv_cache.dim() != 4 or kv_cache.shape[1] not in PAGE_SIZES
-            or tuple(kv_cache.shape[2:]) != (1, DV + DPE)):
-        raise ValueError(f"kv_cache must be [num_pages, page in {PAGE_SIZES}, 1, {DV + DPE}], "
-                         f"got {tuple(kv_cache.shape)}")
-    page = kv_cache.shape[1]
-    if kv_cache.shape[0] == 0:
-        raise ValueError("kv_cache has no pages")
-    if (kv_cache.stride(3) != 1 or kv_cache.stride(0) != page * kv_cache.stride(1)
-            or (kv_cache.stride(1) * 2) % 16 or kv_cache.data_ptr() % 16):
-        raise ValueError("kv_cache rows must be contiguous, 16-byte aligned, pages packed "
-                         f"(strides {kv_cache.stride()})")
-    if kv_cache.shape[0] * page >= 2**31:
-        raise ValueError("kv_cache has too many rows for 32-bit TMA coordinates")
-    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.dtype != torch.int32:
-        raise ValueError(f"block_table must be int32 [{b}, max_pages], got "
-                         f"{block_table.dtype} {tuple(block_table.shape)}")
-    if block_table.stride(1) != 1:
-        raise ValueError("block_table rows must be contiguous")
-    if seq_lens.dim() != 1 or seq_lens.shape[0] != b or seq_lens.dtype != torch.int32:
-        raise ValueError(f"seq_lens must be int32 [{b}], got {seq_lens.dtype} "
-                         f"{tuple(seq_lens.shape)}")
-    if not isinstance(num_kv_splits, int) or num_kv_splits < 1:
-        raise ValueError(f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
-    devs = {t.device for t in (q, kv_cache, block_table, seq_lens)}
-    if len(devs) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
-
-
 def descriptors(q, kv_cache):
     """(q latent, q rope, cache latent, cache rope) TMA descriptors over 2-D row views
     (q's rows: ``(b * QLEN + token) * H + head``), and the q they read."""
-    b, t, h = q_dims(q)
-    d = q.shape[-1]
+    b, t, h, d = q_dims(q)
     q2 = q if q_rows_uniform(q) else q.contiguous()
     q_rows, q_stride = b * t * h, q2.stride(-2)
     page = kv_cache.shape[1]
@@ -373,50 +315,16 @@ def descriptors(q, kv_cache):
             TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [page, DPE], lay), q2)
 
 
-def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
-                       overlap_pv: bool = False):
+def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl):
     """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
     ``(cdiv(QLEN * H, 64), splits, B)``, partials ``po`` ``[B, QLEN * H, splits, 512]``
     and ``pl`` ``[B, QLEN * H, splits]`` (row ``head * QLEN + token``)."""
-    b, t, h = q_dims(q)
+    b, t, h, _ = q_dims(q)
     page = kv_cache.shape[1]
     qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
     args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl, float(scale) * LOG2E,
             block_table.shape[1] * page, kv_cache.shape[0], h, block_table.stride(0),
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": page, "DV": DV,
-          "DPE": DPE, "OVERLAP_PV": bool(overlap_pv), "num_warps": NUM_WARPS, "QLEN": t,
-          "BLOCK_N": BLOCK_N}
+          "DPE": DPE, "num_warps": NUM_WARPS, "QLEN": t, "BLOCK_N": BLOCK_N}
     return (-(-(t * h) // BLOCK_H), num_kv_splits, b), args, kw
-
-
-def gluon_mla_decode(q, kv_cache, block_table, seq_lens, scale: float, num_kv_splits: int,
-                     out=None, workspace=None, overlap_pv: bool = False):
-    """Absorbed-MLA decode: the Gluon stage 1, then the existing reduce. Returns ``out``
-    (``[B, H, 512]``, or ``[B, QLEN, H, 512]`` for a 4-D q, in q's dtype). ``workspace``:
-    an fp32 tensor of at least ``B * QLEN * H * splits * 513`` elements to reuse (e.g.
-    under graph capture). ``overlap_pv``:
-    leave the PV MMA in flight into the next page's score MMA (ptxas then serializes the
-    wgmmas: which is faster is for the GPU to say)."""
-    check_args(q, kv_cache, block_table, seq_lens, num_kv_splits)
-    b, t, h = q_dims(q)
-    s, rows = num_kv_splits, t * h
-    n_po = b * rows * s * DV
-    if workspace is None:
-        workspace = torch.empty(n_po + b * rows * s, dtype=torch.float32, device=q.device)
-    po = workspace[:n_po].view(b, rows, s, DV)
-    pl = workspace[n_po:n_po + b * rows * s].view(b, rows, s)
-    if out is None:
-        out = q.new_empty(*q.shape[:-1], DV)
-    grid, args, kw = stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, s, po, pl,
-                                        overlap_pv)
-    COMPILED[(s, bool(overlap_pv), t, kv_cache.shape[1])] = _gluon_mla_stage1[grid](*args, **kw)
-    splits_p2 = max(16, 1 << max(0, s - 1).bit_length())
-    o_st = (out.stride(0), 0, out.stride(1)) if out.dim() == 3 else out.stride()[:3]
-    _decode_reduce[(rows, 1, b)](
-        seq_lens, po, pl, out, 0, block_table.shape[1] * kv_cache.shape[1], seq_lens.stride(0),
-        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), *o_st,
-        DV=DV, BLOCK_DV=DV, BLOCK_N=BLOCK_N, NUM_KV_SPLITS=s, SPLITS_P2=splits_p2,
-        SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False, QLEN=t,
-        num_warps=4, num_stages=2)
-    return out

@@ -47,6 +47,12 @@ def _p2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _splits_p2(splits: int) -> int:
+    """The split axis of the merge's and the reduce's tiles: the count to a power of two,
+    at least 16."""
+    return max(16, _p2(splits))
+
+
 def reduce_shape(heads: int, dv: int) -> tuple[int, int]:
     """``(BLOCK_DV, num_warps)`` of the reduce for ``heads`` q heads.
 
@@ -103,7 +109,6 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     pdl = bool(config.pdl) and not direct
     merge = bool(config.merge) and not direct
     latent = shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV
-    splits_p2 = max(16, _p2(splits))
     constexprs = dict(
         GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d,
         BLOCK_DPE=max(16, _p2(dpe)) if dpe > 0 else 0, BLOCK_N=int(config.block_n),
@@ -111,30 +116,36 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         LOGIT_CAP=capped, UPCAST=interpreting() and not q_float32 and not kv_fp8,
         DIRECT=direct,
         PREC="ieee" if q_float32 else "tf32", USE_PDL=pdl, MERGE=merge,
-        BLOCK_C=min(block_d, 128), SPLITS_P2=splits_p2, QLEN=q_len, KV_FP8=kv_fp8,
+        BLOCK_C=min(block_d, 128), SPLITS_P2=_splits_p2(splits), QLEN=q_len, KV_FP8=kv_fp8,
         KV_SCALED=kv_fp8 and scaled, F16_DOTS=kv_fp8 and not q_float32,
         ASM_CVT=kv_fp8 and not q_float32 and not interpreting() and not torch.version.hip)
     if not latent:
         constexprs["SHARED_KV"] = shared
-    reduce_grid = reduce_constexprs = reduce_options = None
-    if not direct and not merge:
-        block_dv, reduce_warps = reduce_shape(hq, dv)
-        reduce_grid = (hq * q_len, triton.cdiv(dv, block_dv), b)
-        reduce_constexprs = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
-                                 NUM_KV_SPLITS=splits, SPLITS_P2=splits_p2,
-                                 SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=sliding, USE_PDL=pdl,
-                                 QLEN=q_len)
-        reduce_options = {"num_warps": reduce_warps, "num_stages": 2}
-        if pdl:
-            reduce_options["launch_pdl"] = True
+    reduce = (dict(reduce_grid=None, reduce_constexprs=None, reduce_options=None)
+              if direct or merge else _reduce_plan(config, b, hq, dv, q_len, sliding, pdl))
     return Plan(
         latent=latent, grid=(hk * head_blocks, splits, b), constexprs=constexprs,
         options={"num_warps": int(config.num_warps), "num_stages": int(config.num_stages)},
-        reduce_grid=reduce_grid, reduce_constexprs=reduce_constexprs,
-        reduce_options=reduce_options, out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
+        **reduce, out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
         partials_shape=None if direct else (b, hq * q_len, splits, dv),
         counters_shape=(b, hk * head_blocks) if merge else None,
         log2e_scale=1.0 if capped else LOG2E, capped=capped)
+
+
+def _reduce_plan(config: Any, b: int, hq: int, dv: int, q_len: int, sliding: bool,
+                 pdl: bool) -> dict[str, Any]:
+    """The :class:`Plan` fields (``reduce_grid``, ``reduce_constexprs``, ``reduce_options``)
+    of the reduce that merges ``config``'s split partials."""
+    splits = int(config.num_kv_splits)
+    block_dv, reduce_warps = reduce_shape(hq, dv)
+    constexprs = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
+                      NUM_KV_SPLITS=splits, SPLITS_P2=_splits_p2(splits),
+                      SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=sliding, USE_PDL=pdl, QLEN=q_len)
+    options = {"num_warps": reduce_warps, "num_stages": 2}
+    if pdl:
+        options["launch_pdl"] = True
+    return dict(reduce_grid=(hq * q_len, triton.cdiv(dv, block_dv), b),
+                reduce_constexprs=constexprs, reduce_options=options)
 
 
 def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
@@ -142,20 +153,12 @@ def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
     """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
     latent tile orders them; 64-token tiles of ``64 // page`` cache pages) and the reduce."""
     splits = int(config.num_kv_splits)
-    splits_p2 = max(16, _p2(splits))
-    block_dv, reduce_warps = reduce_shape(hq, dv)
     return Plan(
         latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), splits, b),
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
-                        PAGE=page, DV=dv, DPE=64, OVERLAP_PV=False, QLEN=q_len,
-                        BLOCK_N=int(config.block_n)),
+                        PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n)),
         options={"num_warps": int(config.num_warps)},
-        reduce_grid=(hq * q_len, triton.cdiv(dv, block_dv), b),
-        reduce_constexprs=dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
-                               NUM_KV_SPLITS=splits, SPLITS_P2=splits_p2,
-                               SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=False, USE_PDL=False,
-                               QLEN=q_len),
-        reduce_options={"num_warps": reduce_warps, "num_stages": 2},
+        **_reduce_plan(config, b, hq, dv, q_len, False, False),
         out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
         partials_shape=(b, hq * q_len, splits, dv), counters_shape=None, log2e_scale=LOG2E,
         capped=False, gluon=True)
@@ -245,14 +248,15 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
              scale: float, logit_cap: float, window: int, k_scale: Any = None,
              v_scale: Any = None, zeros: Any = None) -> list[KernelLaunch]:
     """The plan's launches as data (stage 1, then the reduce when it has one), with a
-    freshly allocated workspace (and :func:`zero_row` unless ``zeros`` is given)."""
-    zeros = zero_row(k_cache, v_cache) if zeros is None else zeros
+    freshly allocated workspace (and, for a Triton stage 1, :func:`zero_row` unless
+    ``zeros`` is given; the Gluon stage 1 reads none)."""
     po, pl, cnt = _workspace(p, q)
     if p.gluon:
         _, args, _ = stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
                                         p.constexprs["NUM_KV_SPLITS"], po, pl)
         out_launches = [KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs, p.options)]
     else:
+        zeros = zero_row(k_cache, v_cache) if zeros is None else zeros
         out_launches = [_triton_stage1(p, q, k_cache, v_cache, block_table, seq_lens, out,
                                        scale, logit_cap, window, k_scale, v_scale, zeros,
                                        po, pl, cnt)]
@@ -381,7 +385,9 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
 
 
 class _Entry:
-    """One checked call signature: its config and plan, and its direct launches."""
+    """One checked call signature: its config and plan, and its direct launches (with their
+    integer arguments and zero row; None for a Gluon plan, whose calls all go through
+    Triton's JIT)."""
 
     __slots__ = ("config", "resolved", "dispatcher", "plan", "window", "stage1", "reduce",
                  "tail1", "tail2", "zeros")
@@ -471,31 +477,31 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
                      logit_cap, k_scale)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
-    zeros = zero_row(k_cache, v_cache)
+    zeros = None if p.gluon else zero_row(k_cache, v_cache)  # the Gluon stage 1 reads none
     first, second = _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, o, scale,
                                 logit_cap, window, k_scale, v_scale, zeros)
-    if sig is None or _ZERO_ROWS.get((k_cache.device, k_cache.dtype)) is not zeros:
+    if sig is None or (zeros is not None
+                       and _ZERO_ROWS.get((k_cache.device, k_cache.dtype)) is not zeros):
         return o  # a zero row made under graph capture is the graph's: cache nothing
-    tail1 = stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, o, window)
-    ws_numel = pl_offset = 0
-    if p.partials_shape is not None:
-        n_po_pad, ws_numel = _partials_layout(p)
-        pl_offset = n_po_pad * 4
-    stage1 = reduce = None
-    if q.is_cuda and not p.gluon:  # make_direct says None where direct launches are off
-        # (the Gluon stage 1 takes TMA descriptors: every call goes through its JIT)
-        kernel = _decode_stage1_latent if p.latent else _decode_stage1
-        n_ptr = kernel.arg_names.index("qk_scale")  # the leading pointers
-        stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
-        if p.reduce_grid is not None and stage1 is not None:
-            n2 = 4 + len(reduce_args(p, k_cache, block_table, seq_lens, o, window))
-            reduce = make_direct(_decode_reduce, second, p.reduce_grid, n2)
-            if reduce is None:
-                stage1 = None
+    stage1 = reduce = tail1 = tail2 = None
+    if not p.gluon:  # the Gluon stage 1 takes TMA descriptors: every call goes through its JIT
+        tail1 = stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, o, window)
+        rargs = reduce_args(p, k_cache, block_table, seq_lens, o, window)
+        ws_numel = pl_offset = 0
+        if p.partials_shape is not None:
+            n_po_pad, ws_numel = _partials_layout(p)
+            pl_offset = n_po_pad * 4
+        tail2 = (ws_numel, pl_offset, *rargs)
+        if q.is_cuda:  # make_direct says None where direct launches are off
+            kernel = _decode_stage1_latent if p.latent else _decode_stage1
+            n_ptr = kernel.arg_names.index("qk_scale")  # the leading pointers
+            stage1 = make_direct(kernel, first, p.grid, n_ptr + 2 + len(tail1))
+            if p.reduce_grid is not None and stage1 is not None:
+                reduce = make_direct(_decode_reduce, second, p.reduce_grid, 4 + len(rargs))
+                if reduce is None:
+                    stage1 = None
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     _CACHE[sig] = _Entry(config=cfg, resolved=resolved, dispatcher=d, plan=p, window=window,
-                         stage1=stage1, reduce=reduce, tail1=tail1, zeros=zeros,
-                         tail2=(ws_numel, pl_offset,
-                                *reduce_args(p, k_cache, block_table, seq_lens, o, window)))
+                         stage1=stage1, reduce=reduce, tail1=tail1, tail2=tail2, zeros=zeros)
     return o

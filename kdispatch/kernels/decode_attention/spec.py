@@ -111,10 +111,10 @@ LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
 #: more splits lose badly (kimi b1 x 65,536: 165 vs 39 us). GQA grids lost 1-3% with it at
 #: 2-8 splits and keep the reduce kernel.
 MERGE_MAX_SPLITS_LATENT = 4
-#: the Gluon stage 1's shape: (head dim, v head dim), page = tile tokens, rows per program;
+#: the Gluon stage 1's shape: (head dim, v head dim), tokens per tile, rows per program;
 #: the cache page sizes it takes (a 64-token tile is 64 // page pages, one TMA copy each)
 GLUON_HEAD_DIMS = (576, 512)
-GLUON_PAGE = 64
+GLUON_TILE_TOKENS = 64
 GLUON_PAGE_SIZES = (16, 32, 64)
 GLUON_ROWS = 64
 #: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
@@ -344,7 +344,7 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) 
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
     if gluon_fits(key) and key.rows >= GLUON_HEURISTIC_MIN_ROWS:
-        cfg = gluon_config(split_count(key, GLUON_ROWS, GLUON_PAGE, 8))
+        cfg = gluon_config(split_count(key, GLUON_ROWS, GLUON_TILE_TOKENS, 8))
         if is_valid(key, cfg):
             return cfg
     if key.latent:
@@ -389,7 +389,7 @@ def gluon_fits(key: DecodeKey) -> bool:
 
 def gluon_config(splits: int) -> DecodeConfig:
     """The Gluon stage 1's config at ``splits`` (its tile is fixed: 64 rows, 64 tokens)."""
-    return DecodeConfig(kernel="gluon", num_kv_splits=splits, block_n=GLUON_PAGE,
+    return DecodeConfig(kernel="gluon", num_kv_splits=splits, block_n=GLUON_TILE_TOKENS,
                         block_h=GLUON_ROWS, num_warps=8, num_stages=2)
 
 
