@@ -20,10 +20,10 @@ the pool keeps compiling later keys while earlier ones are timed. Workers sharin
 :meth:`CompileAhead.plan`), and each describes the keys it claims for timing itself (the
 pool compiles a kernel once, whoever asked first). A worker claims the keys it described
 ahead before the others (:func:`turns`), so a key's inputs are made (and its launches
-described) by one worker, not once to feed the pool and again to time it. A kernel the compiler rejected makes the
-candidate infeasible without a launch; anything the pool could not do (a launch it could
-not describe, a kernel it skipped) is compiled by the JIT at launch, exactly as without a
-pool. Verification and timing are untouched.
+described) by one worker, not once to feed the pool and again to time it. A kernel the
+compiler rejected makes the candidate infeasible without a launch; anything the pool could
+not do (a launch it could not describe, a kernel it skipped) is compiled by the JIT at
+launch, exactly as without a pool. Verification and timing are untouched.
 
 Inputs that were slow to make (drawn on the host: seconds for a large KV write) are kept,
 within :data:`KEEP_BYTES`, for the sweep to verify and time on (:meth:`CompileAhead.
