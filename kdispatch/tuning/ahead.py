@@ -18,10 +18,12 @@ So the keys are submitted in timing order, a candidate waits only for its own ke
 the pool keeps compiling later keys while earlier ones are timed. Workers sharing one pool
 (``--device all``) feed it each key once, in the shared key order (``first`` in
 :meth:`CompileAhead.plan`), and each describes the keys it claims for timing itself (the
-pool compiles a kernel once, whoever asked first). A kernel the compiler rejected makes the
-candidate infeasible without a launch; anything the pool could not do (a launch it could
-not describe, a kernel it skipped) is compiled by the JIT at launch, exactly as without a
-pool. Verification and timing are untouched.
+pool compiles a kernel once, whoever asked first). A worker claims the keys it described
+ahead before the others (:func:`turns`), so a key's inputs are made (and its launches
+described) by one worker, not once to feed the pool and again to time it. A kernel the
+compiler rejected makes the candidate infeasible without a launch; anything the pool could
+not do (a launch it could not describe, a kernel it skipped) is compiled by the JIT at
+launch, exactly as without a pool. Verification and timing are untouched.
 
 Inputs that were slow to make (drawn on the host: seconds for a large KV write) are kept,
 within :data:`KEEP_BYTES`, for the sweep to verify and time on (:meth:`CompileAhead.
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -50,7 +52,7 @@ from kdispatch.tuning.throughput import Throughput
 log = logging.getLogger(__name__)
 
 __all__ = ["AheadStats", "CompileAhead", "CompileSettings", "Pool", "Ready", "open_pool",
-           "rejected_row"]
+           "rejected_row", "turns"]
 
 #: how often a waiting sweep reports progress
 POLL_S = 0.25
@@ -181,6 +183,10 @@ class CompileAhead:
         compiling than the pool has processes (so none of them runs dry)."""
         if self.active and self._next < len(self._order) and self._backlog() < self.workers:
             self.feed(deadline)
+
+    def described(self, key_index: int) -> bool:
+        """Whether this process described key ``key_index`` (its inputs may be kept)."""
+        return key_index in self._fed and key_index in self._work
 
     def forget(self, key_index: int) -> None:
         """Key ``key_index`` is done here, or another worker times it: drop its kept
@@ -327,6 +333,28 @@ class CompileAhead:
         thr.describe_s, thr.wait_s = self.stats.describe_s, self.stats.wait_s
         pool = self.pool.stats()
         thr.pool = pool.as_dict() if pool is not None else None
+
+
+def turns(count: int, claim: Callable[[int], bool] | None, ahead: CompileAhead
+          ) -> Iterator[int]:
+    """The keys ``0..count-1`` a sweep times, in its order: all of them in order without
+    ``claim``; with it (workers sharing one key list) the next key this worker can claim,
+    asked first among the keys it described ahead itself (their inputs are made and may be
+    kept, their kernels queued by it), then among the rest in order. A worker is never idle
+    while a key is unclaimed, and a key another worker described is taken only when this
+    one described none that is left. Keys another worker claimed are forgotten here."""
+    left = list(range(count))
+    while left:
+        if claim is None:
+            yield left.pop(0)
+            continue
+        mine = {i for i in left if ahead.described(i)}
+        for i in sorted(mine) + [i for i in left if i not in mine]:
+            left.remove(i)
+            if claim(i):
+                yield i
+                break
+            ahead.forget(i)  # another worker tunes it: drop what was kept for it
 
 
 def rejected_row(op: str, config: Any, role: str, source_hash: str, key: dict[str, Any],

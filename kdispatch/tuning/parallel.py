@@ -7,7 +7,8 @@ per device, every worker writing to the same database URL. The worker processes 
 first (:class:`~kdispatch.tuning.workers.WarmWorkers`): their imports and GPU set-up overlap
 the planning, and they report their dispatch devices, so this process never touches a GPU. Keys are handed out on demand:
 the workers of a group share the group's key list and a register of claimed keys, and each
-takes the next unclaimed key when it is free (a fixed round-robin split left one of two
+takes the next unclaimed key when it is free, one it described ahead for the compile pool
+first (:func:`~kdispatch.tuning.ahead.turns`; a fixed round-robin split left one of two
 H200s idle for a third of a run while the other tuned the costly keys; docs/benchmarks.md).
 Devices with the same key (identical GPUs) tune one table
 together; devices with different keys never share a key, so their rows never mix.

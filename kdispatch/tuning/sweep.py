@@ -27,7 +27,7 @@ from kdispatch.opdef import OpConfig
 from kdispatch.registry import get_op
 from kdispatch.store import Store, digest
 from kdispatch.tuning.ahead import (CompileAhead, CompileSettings, Pool, open_pool,
-                                    rejected_row)
+                                    rejected_row, turns)
 from kdispatch.tuning.devices import (TuningError, check_kernel_mode, resolve_device,
                                       use_interpreter)
 from kdispatch.tuning.inputs import KeyInputs
@@ -110,7 +110,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
          mark_misses: bool = False, reps: int | None = None,
          claim: Callable[[int], bool] | None = None, precompile: Pool | None = None,
          target: Target | None = None,
-         first_to_feed: Callable[[int], bool] | None = None) -> SweepResult:
+         first_to_feed: Callable[[int], bool] | None = None,
+         summary: bool = True) -> SweepResult:
     """Tune ``targets`` on one device, committing each measurement as it completes.
 
     Parameters
@@ -137,7 +138,9 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     claim : callable, optional
         ``claim(i)`` is asked before key ``i`` of ``targets`` starts; False means another
         worker took it, and it is skipped. Workers sharing one claim register and one target
-        list take keys on demand, so a worker that drew cheap keys takes more of them.
+        list take keys on demand, so a worker that drew cheap keys takes more of them; a
+        worker asks first for the keys it described ahead itself (:func:`~kdispatch.tuning.
+        ahead.turns`).
     precompile, target : Pool, tuple, optional
         A compile pool and what it compiles for (default: this GPU; the interpreter has
         nothing to compile): every candidate's kernels are compiled ahead in it, key by key
@@ -146,6 +149,9 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
     first_to_feed : callable, optional
         ``first_to_feed(i)`` is asked before this worker describes key ``i`` ahead for a
         pool it shares with other workers; False means another worker fed it already.
+    summary : bool
+        Read the per-key summaries back at the end (a worker of several skips it: its
+        caller summarizes all keys once every worker is done).
 
     Returns
     -------
@@ -193,10 +199,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         # keys are described for the pool as the timing goes (kdispatch.tuning.ahead)
         ahead.plan(((ki, w[1], w[2], [(_config_digest(c), c) for c, _ in w[3]])
                     for ki, w in enumerate(work)), first=first_to_feed)
-        for ki, (t, spec, key, todo, measured_before) in enumerate(work):
-            if claim is not None and not claim(ki):
-                ahead.forget(ki)  # another worker tunes it: drop what was kept for it
-                continue
+        for ki in turns(len(work), claim, ahead):
+            t, spec, key, todo, measured_before = work[ki]
             result.keys += 1
             result.skipped += measured_before
 
@@ -208,10 +212,25 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                                   time.monotonic() - t0, eta, last, phase))
 
             report()
+            if todo:  # one query per key: what another tuner measured since the plan
+                s0 = time.monotonic()
+                have = store.measured_configs(t.op, t.key, hashes[t.op])
+                thr.store_s += time.monotonic() - s0
+                elsewhere = sum(_config_digest(c) in have for c, _ in todo)
+                if elsewhere:
+                    todo = [(c, r) for c, r in todo if _config_digest(c) not in have]
+                    result.skipped += elsewhere
+                    done += elsewhere
+                    report("measured elsewhere")
+            inputs: KeyInputs | None = None  # made before the first candidate waits, or runs
             if todo and (deadline is None or time.monotonic() < deadline):
                 ahead.own(ki)  # its candidates wait for their own kernels from here on
+                if ahead.active:  # the reference is computed while its kernels compile
+                    c0 = time.monotonic()
+                    inputs = KeyInputs(spec, key, torch_device, seed,
+                                       made=ahead.take_inputs(ki))
+                    thr.gpu_s += time.monotonic() - c0
             complete = True
-            inputs: KeyInputs | None = None  # made at the key's first candidate that runs
             best = KeyBest()
             for cfg, role in todo:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -225,18 +244,9 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     result.stopped = "budget"
                     complete = False
                     break
-                s0 = time.monotonic()
-                if thr.first_s is None:
-                    thr.first_s = s0 - t0
-                elsewhere = _config_digest(cfg) in store.measured_configs(t.op, t.key,
-                                                                          hashes[t.op])
-                thr.store_s += time.monotonic() - s0
-                if elsewhere:
-                    result.skipped += 1  # another tuner measured it meanwhile
-                    done += 1
-                    report("measured elsewhere")
-                    continue
                 c0 = time.monotonic()
+                if thr.first_s is None:
+                    thr.first_s = c0 - t0
                 if ready.status == "infeasible":
                     m = rejected_row(spec.name, cfg, role, hashes[t.op], t.key, ready.error)
                 else:
@@ -275,7 +285,8 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
         store.finish_run(result.run_id, status)
         thr.finish(t0, result.measured, jit.stop())
         ahead.account(thr)
-    result.summaries = summarize(store, device, targets)
+    if summary:  # a worker's caller summarizes every worker's keys at once
+        result.summaries = summarize(store, device, targets)
     return result
 
 
@@ -335,7 +346,8 @@ def tune_shard(targets: Sequence[TuneTarget], device_name: str, db_url: str, *,
             res = tune(targets, device=device, torch_device=tdev, store=store,
                        budget_minutes=budget_minutes, seed=seed, mark_misses=mark_misses,
                        progress=progress, claim=claim, precompile=pool or own,
-                       target=target, first_to_feed=first_to_feed if pool else None)
+                       target=target, first_to_feed=first_to_feed if pool else None,
+                       summary=False)
     finally:
         store.dispose()
     return {"device": device.key, "run_id": res.run_id, "measured": res.measured,

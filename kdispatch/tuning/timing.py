@@ -13,6 +13,11 @@ whose pilot median is above it is returned as a pilot (``Timing.pilot``) without
 the samples. Otherwise the measurement goes on; its samples include the pilot's, so a full
 measurement is the same protocol with or without the check.
 
+A caller that times the first launch after other work (the tuner, at each key's first timed
+candidate) passes ``warm_ms``: the captured graph is replayed, untimed, for about that long
+right before the timed samples (eager calls when capture failed), so the first samples do
+not see a GPU and caches still cold from that other work.
+
 On the CPU (the Triton interpreter) the times mean little; a few ``perf_counter`` reps keep
 the pipeline honest and cheap.
 """
@@ -43,6 +48,8 @@ TARGET_TOTAL_MS = 60.0
 MIN_REPS, MAX_REPS = 20, 500
 #: samples taken before ``stop_above_us`` is checked (a pilot; see the module)
 PILOT_REPS = 5
+#: at most this many untimed replays (or eager calls) for ``warm_ms``
+MAX_WARM = MAX_REPS
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,18 @@ def staged(take: Callable[[int], list[float]], n: int, calls: int,
     return samples, False
 
 
+def warm_count(warm_ms: float, sample_us: float) -> int:
+    """Untimed samples of ``sample_us`` each that last about ``warm_ms`` (0 without a
+    warm-up; at least one with it, at most :data:`MAX_WARM`).
+
+    >>> warm_count(0.0, 950.0), warm_count(5.0, 950.0), warm_count(5.0, 200.0)
+    (0, 6, 25)
+    """
+    if warm_ms <= 0:
+        return 0
+    return int(min(MAX_WARM, max(1, math.ceil(warm_ms * 1e3 / max(sample_us, 1e-3)))))
+
+
 def _as_list(fn: Callable[[], Any] | Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:
     fns = [fn] if callable(fn) else list(fn)
     if not fns:
@@ -127,7 +146,7 @@ def _as_list(fn: Callable[[], Any] | Sequence[Callable[[], Any]]) -> list[Callab
 
 def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, *,
               warmup: int = 3, reps: int | None = None, use_graph: bool = True,
-              stop_above_us: float | None = None) -> Timing:
+              stop_above_us: float | None = None, warm_ms: float = 0.0) -> Timing:
     """Time one call of ``fn`` on ``device``.
 
     Parameters
@@ -150,6 +169,10 @@ def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, 
     stop_above_us : float, optional
         Stop after the pilot (:data:`PILOT_REPS` samples) when its median per call is
         above this; the result is then marked ``pilot``.
+    warm_ms : float
+        GPU only: untimed replays of the captured graph (eager calls when capture failed)
+        lasting about this long, right before the timed samples and after the graph is
+        sized (:func:`warm_count`). Default 0: none. The CPU ignores it.
 
     Returns
     -------
@@ -174,7 +197,7 @@ def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, 
     with torch.cuda.device(dev):
         if use_graph:
             try:
-                return _time_graph(fns, warmup, reps, stop_above_us)
+                return _time_graph(fns, warmup, reps, stop_above_us, warm_ms)
             except torch.cuda.OutOfMemoryError:
                 raise
             except RuntimeError as exc:
@@ -191,7 +214,7 @@ def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, 
                 for f in fns:
                     f()
             torch.cuda.synchronize()
-        return _time_events(fns, _estimate_us(fns), reps, stop_above_us)
+        return _time_events(fns, _estimate_us(fns), reps, stop_above_us, warm_ms)
 
 
 def _time_cpu(fns: list[Callable[[], Any]], *, warmup: int, reps: int,
@@ -268,13 +291,14 @@ def _calls_for(per_call_us: float, n_fns: int) -> int:
 
 
 def _time_graph(fns: list[Callable[[], Any]], warmup: int, reps: int | None,
-                stop_above_us: float | None) -> Timing:
+                stop_above_us: float | None, warm_ms: float = 0.0) -> Timing:
     """Replays of a graph of ``calls`` calls lasting about GRAPH_TARGET_US.
 
     The warm-up rounds run on the capture stream, the last one timed: that per-call time
     includes the host's launch cost, which for a launch-bound op is many times the GPU
     time, so the graph is sized again from one timed replay (otherwise a replay's own
-    launch latency is spread over too few calls).
+    launch latency is spread over too few calls). The ``warm_ms`` replays follow, queued
+    just before the timed ones (no sync between them: the GPU goes straight on).
     """
     import torch
 
@@ -297,6 +321,8 @@ def _time_graph(fns: list[Callable[[], Any]], warmup: int, reps: int | None,
         calls = _calls_for(gpu_us, len(fns))
         graph = _capture(fns, calls)
         gpu_us = _replays(graph, 1)[0] / calls
+    for _ in range(warm_count(warm_ms, gpu_us * calls)):
+        graph.replay()
     n = _reps_for(gpu_us * calls, reps)
     samples, pilot = staged(functools.partial(_replays, graph), n, calls, stop_above_us)
     del graph
@@ -304,10 +330,12 @@ def _time_graph(fns: list[Callable[[], Any]], warmup: int, reps: int | None,
 
 
 def _time_events(fns: list[Callable[[], Any]], per_call_us: float, reps: int | None,
-                 stop_above_us: float | None = None) -> Timing:
+                 stop_above_us: float | None = None, warm_ms: float = 0.0) -> Timing:
     import torch
 
     done = 0
+    for i in range(warm_count(warm_ms, per_call_us)):
+        fns[i % len(fns)]()
 
     def take(k: int) -> list[float]:
         nonlocal done

@@ -161,3 +161,27 @@ def test_the_claim_register_feeds_each_key_once_and_never_one_claimed_for_timing
     assert [claim_b(0), claim_a(0), claim_a(1)] == [True, False, True]
     # a key claimed for timing is described by its worker, never fed by another
     assert [claim_a(2), feed_b(2), feed_a(2)] == [True, False, False]
+
+
+def test_a_keys_reference_is_computed_while_its_kernels_compile(store, logs, monkeypatch):
+    """The key's inputs and reference are made before its first candidate waits for its
+    kernels, not after: the reference of the first key is done before any of its kernels
+    compiled (each takes 0.5 s here)."""
+    monkeypatch.setenv("KD_FAKE_COMPILE_SLEEP", "0.5")
+    refs: dict[int, float] = {}
+    real = fakecompile.KeyedSpec.reference
+    monkeypatch.setattr(fakecompile.KeyedSpec, "reference", lambda self, inputs: refs.setdefault(
+        inputs["x"].numel(), time.time()) and real(self, inputs))
+    dev, tdev = sweep.resolve_device("cpu")
+    targets, _ = sweep.plan(dev, ["fake"])
+    with CompilePool(2, compiler=fakecompile.COMPILER) as pool:
+        t0 = time.monotonic()
+        while not all(p.ready for p in pool._procs):
+            assert time.monotonic() - t0 < 60, "the pool did not start"
+            time.sleep(0.02)
+        sweep.tune(targets, device=dev, torch_device=tdev, store=store, precompile=pool,
+                   target=fakecompile.TARGET)
+    compiles = _compiles(logs[0])
+    _check_rows_and_order(store, compiles, _runs(logs[1]))
+    first = KEYS_N[0]
+    assert refs[first] < min(e for (n, _), (_, e) in compiles.items() if n == first)

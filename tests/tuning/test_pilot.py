@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 import fakeops
+from fakecuda import FakeCuda
 from kdispatch.tuning import sweep
 from kdispatch.tuning.measure import PILOT_NOTE, PILOT_RATIO, KeyBest
 from kdispatch.tuning.timing import PILOT_REPS, Timing, staged, time_call
@@ -98,76 +99,12 @@ def test_slow_candidates_stop_after_the_pilot_and_the_best_is_timed_in_full(stor
     assert "2 timed by their pilot only" in res.throughput.line()
 
 
-class _FakeCuda:
-    """Just enough of ``torch.cuda`` for :func:`time_call`'s graph path on the CPU: a clock
-    that a kernel call advances by ``us`` microseconds (a captured call is only recorded,
-    a replay runs its calls), events that read the clock."""
-
-    def __init__(self, monkeypatch):
-        import contextlib
-
-        import torch
-
-        self.now_ms, self.capturing, self.replays, self.calls = 0.0, None, 0, 0
-        fake = self
-
-        class Event:
-            def __init__(self, enable_timing=True):
-                self.t = None
-
-            def record(self):
-                self.t = fake.now_ms
-
-            def synchronize(self):
-                pass
-
-            def elapsed_time(self, end):
-                return end.t - self.t
-
-        class CUDAGraph:
-            def __init__(self):
-                self.fns = []
-
-            def replay(self):
-                fake.replays += 1
-                for f in self.fns:
-                    f()
-
-        class Stream:
-            def wait_stream(self, other):
-                pass
-
-        @contextlib.contextmanager
-        def graph(g):
-            fake.capturing = g
-            try:
-                yield
-            finally:
-                fake.capturing = None
-
-        for name, value in {"Event": Event, "CUDAGraph": CUDAGraph, "Stream": Stream,
-                            "graph": graph, "current_stream": lambda: Stream(),
-                            "stream": lambda s: contextlib.nullcontext(),
-                            "device": lambda d: contextlib.nullcontext(),
-                            "synchronize": lambda *a: None}.items():
-            monkeypatch.setattr(torch.cuda, name, value)
-
-    def kernel(self, us):
-        def call():
-            if self.capturing is not None:
-                self.capturing.fns.append(call)
-            else:
-                self.calls += 1
-                self.now_ms += us / 1000
-        return call
-
-
 @pytest.mark.parametrize("us,stop,pilot", [(45.0, 40.0, True), (45.0, 60.0, False),
                                            (45.0, None, False), (4000.0, 1000.0, True)])
 def test_graph_timing_pilot_on_a_simulated_gpu(monkeypatch, us, stop, pilot):
     from kdispatch.tuning.timing import GRAPH_TARGET_US, MIN_REPS, TARGET_TOTAL_MS
 
-    gpu = _FakeCuda(monkeypatch)
+    gpu = FakeCuda(monkeypatch)
     t = time_call(gpu.kernel(us), "cuda", warmup=1, stop_above_us=stop)
     calls = math.ceil(GRAPH_TARGET_US / us)  # 5 calls of 45 us, 1 of 4 ms
     full = max(MIN_REPS, int(TARGET_TOTAL_MS * 1000 / (calls * us)))
