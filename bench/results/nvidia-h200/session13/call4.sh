@@ -22,7 +22,7 @@ if [ -n "${GLUON_CHECK-1}" ]; then
    timeout 90 python3 tools/gluon_mla_check.py --phases correct --pages 16,32,64 --shapes all \
      --budget 80 > /tmp/gluon-check.txt 2>&1; echo "rc $?")
   grep -E "SUMMARY|rror|FAIL" /tmp/gluon-check.txt | tail -12
-  grep -q "failed: \[\]" /tmp/gluon-check.txt || { echo "== gluon check failed: no tuning"; exit 3; }
+  grep -q "failed: \[\]" /tmp/gluon-check.txt && grep -q "SUMMARY errors: \[\]" /tmp/gluon-check.txt || { echo "== gluon check failed: no tuning"; exit 3; }
 fi
 export PRESETS=${PRESETS:-deepseek-v3-dp,kimi-k3-tp8,deepseek-v3-tp8,llama3-8b,ouro-1.4b,huginn,llama3.2-1b,gemma2-9b}
 export MAX_CANDS=${MAX_CANDS:-60} STATE=/tmp/call4-state
