@@ -1,8 +1,8 @@
 """The heuristics against a recorded full-space tune (no GPU: the H200's measurements).
 
-``bench/results/nvidia-h200/session12/h200.sqlite`` holds every valid candidate (up to 60)
+``bench/results/nvidia-h200/session13/h200.sqlite`` holds every valid candidate (up to 60)
 of every preset key (166 keys, decode and KV writes, one H200): the decode rows tuned on
-session 12's kernels (the Gluon MLA tile among the candidates), the KV-write rows on the
+session 13's kernels (the Gluon MLA tile among the candidates), the KV-write rows on the
 writer unchanged since session 10. Today's heuristic config of each key is looked up among
 them: it must have been measured and come within 10% of the key's best at all but a few
 keys, so a heuristic edit that loses what the tune found fails here. (When the kernels
@@ -22,7 +22,7 @@ from kdispatch.registry import get_op
 from kdispatch.store import Store, digest
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench/results/nvidia-h200"
-DB = RESULTS / "session12/h200.sqlite"
+DB = RESULTS / "session13/h200.sqlite"
 
 
 def _ratios(tmp: Path, db: Path = DB) -> dict[str, float]:
