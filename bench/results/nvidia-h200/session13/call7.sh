@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 13, call 7 (one H200): the tuner's first-candidate bias (llama bf16 b4 x 262,144:
 # the heuristic measured ~14% slower than identical twins, also with the 5 ms key warm-up).
-# llama3-8b at 4 candidates per key, tuned twice into fresh databases with KEY_WARMUP_MS
+# llama3-8b decode keys at 6 candidates per key, tuned twice into fresh databases with KEY_WARMUP_MS
 # patched to 0 and to 200 ms; per run, the heuristic against its pdl twin at every key.
 #   OUT=$OUT bash bench/results/nvidia-h200/session13/call7.sh      # carry [".whl"]
 set -uo pipefail
@@ -14,7 +14,7 @@ export PYTHONPYCACHEPREFIX=/tmp/kdispatch-pycache
 for w in 0 200; do
   echo "== $(date +%T) KEY_WARMUP_MS=$w"
   timeout 120 python3 -c "import sys; import kdispatch.tuning.measure as m; m.KEY_WARMUP_MS=float(sys.argv[1]); sys.argv=['kdispatch']+sys.argv[2:]; from kdispatch.cli import main; main()" \
-    $w tune --device cuda:0 --preset llama3-8b --max-candidates 4 --op decode_attention --db /tmp/w$w.sqlite 2>&1 | tail -3
+    $w tune --device cuda:0 --preset llama3-8b --max-candidates 6 --op decode_attention --db /tmp/w$w.sqlite 2>&1 | tail -3
   python3 - /tmp/w$w.sqlite <<'PY' | tee $OUT/call7-w$w.txt
 import json, sqlite3, statistics, sys
 c = sqlite3.connect(sys.argv[1])
