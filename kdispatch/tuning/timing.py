@@ -14,12 +14,9 @@ the samples. Otherwise the measurement goes on; its samples include the pilot's,
 measurement is the same protocol with or without the check.
 
 A caller that times the first launch after other work (the tuner, at each key's first timed
-candidate) passes ``warm_ms``, a cap: right before the timed samples the captured graph is
-replayed (eager calls when capture failed) in batches of about 5 ms until a batch's median
-is no longer faster than the batch before it, or the batches have lasted ``warm_ms``
-(:func:`kdispatch.tuning.warmup.warm_until_steady`). A warm GPU stops after two
-batches; one still ramping up after that other work (clocks, power state) is replayed until
-it is steady, so the first samples do not see it cold. The warm-up's times are not samples.
+candidate) passes ``warm_ms``: the captured graph is replayed, untimed, for about that long
+right before the timed samples (eager calls when capture failed), so the first samples do
+not see a GPU and caches still cold from that other work.
 
 On the CPU (the Triton interpreter) the times mean little; a few ``perf_counter`` reps keep
 the pipeline honest and cheap.
@@ -34,8 +31,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from kdispatch.tuning.warmup import warm_until_steady
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +48,8 @@ TARGET_TOTAL_MS = 60.0
 MIN_REPS, MAX_REPS = 20, 500
 #: samples taken before ``stop_above_us`` is checked (a pilot; see the module)
 PILOT_REPS = 5
+#: at most this many untimed replays (or eager calls) for ``warm_ms``
+MAX_WARM = MAX_REPS
 
 
 @dataclass(frozen=True)
@@ -128,6 +125,18 @@ def staged(take: Callable[[int], list[float]], n: int, calls: int,
     return samples, False
 
 
+def warm_count(warm_ms: float, sample_us: float) -> int:
+    """Untimed samples of ``sample_us`` each that last about ``warm_ms`` (0 without a
+    warm-up; at least one with it, at most :data:`MAX_WARM`).
+
+    >>> warm_count(0.0, 950.0), warm_count(5.0, 950.0), warm_count(5.0, 200.0)
+    (0, 6, 25)
+    """
+    if warm_ms <= 0:
+        return 0
+    return int(min(MAX_WARM, max(1, math.ceil(warm_ms * 1e3 / max(sample_us, 1e-3)))))
+
+
 def _as_list(fn: Callable[[], Any] | Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:
     fns = [fn] if callable(fn) else list(fn)
     if not fns:
@@ -161,10 +170,9 @@ def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, 
         Stop after the pilot (:data:`PILOT_REPS` samples) when its median per call is
         above this; the result is then marked ``pilot``.
     warm_ms : float
-        GPU only: the cap, in ms, of a warm-up of the captured graph's replays (eager calls
-        when capture failed) right before the timed samples and after the graph is sized,
-        taken until the GPU is steady (:func:`~kdispatch.tuning.warmup.warm_until_steady`;
-        not samples). Default 0: none. The CPU ignores it.
+        GPU only: untimed replays of the captured graph (eager calls when capture failed)
+        lasting about this long, right before the timed samples and after the graph is
+        sized (:func:`warm_count`). Default 0: none. The CPU ignores it.
 
     Returns
     -------
@@ -289,8 +297,8 @@ def _time_graph(fns: list[Callable[[], Any]], warmup: int, reps: int | None,
     The warm-up rounds run on the capture stream, the last one timed: that per-call time
     includes the host's launch cost, which for a launch-bound op is many times the GPU
     time, so the graph is sized again from one timed replay (otherwise a replay's own
-    launch latency is spread over too few calls). The ``warm_ms`` warm-up's batches of
-    replays follow, then the timed samples.
+    launch latency is spread over too few calls). The ``warm_ms`` replays follow, queued
+    just before the timed ones (no sync between them: the GPU goes straight on).
     """
     import torch
 
@@ -313,11 +321,11 @@ def _time_graph(fns: list[Callable[[], Any]], warmup: int, reps: int | None,
         calls = _calls_for(gpu_us, len(fns))
         graph = _capture(fns, calls)
         gpu_us = _replays(graph, 1)[0] / calls
-    take = functools.partial(_replays, graph)
-    warm_until_steady(take, gpu_us * calls, warm_ms)
+    for _ in range(warm_count(warm_ms, gpu_us * calls)):
+        graph.replay()
     n = _reps_for(gpu_us * calls, reps)
-    samples, pilot = staged(take, n, calls, stop_above_us)
-    del take, graph
+    samples, pilot = staged(functools.partial(_replays, graph), n, calls, stop_above_us)
+    del graph
     return _stats(samples, calls, "cuda-graph", pilot)
 
 
@@ -326,6 +334,8 @@ def _time_events(fns: list[Callable[[], Any]], per_call_us: float, reps: int | N
     import torch
 
     done = 0
+    for i in range(warm_count(warm_ms, per_call_us)):
+        fns[i % len(fns)]()
 
     def take(k: int) -> list[float]:
         nonlocal done
@@ -340,7 +350,6 @@ def _time_events(fns: list[Callable[[], Any]], per_call_us: float, reps: int | N
         torch.cuda.synchronize()
         return [s.elapsed_time(e) * 1e3 for s, e in events]
 
-    warm_until_steady(take, per_call_us, warm_ms)  # timed eager calls, not samples
     samples, pilot = staged(take, _reps_for(per_call_us, reps), 1, stop_above_us)
     return _stats(samples, 1, "cuda-events", pilot)
 

@@ -14,7 +14,6 @@ class FakeCuda:
     ``log`` holds, in order, ``"call"`` for each kernel call that ran, ``"replay"`` for each
     graph replay (before its calls) and ``"record"`` for each event recorded: a timed replay
     is ``record, replay, call..., record``; an untimed one has no ``record`` around it.
-    ``replay_at`` holds the clock (ms) at the start of each replay.
     """
 
     def __init__(self, monkeypatch):
@@ -22,7 +21,6 @@ class FakeCuda:
 
         self.now_ms, self.capturing, self.replays, self.calls = 0.0, None, 0, 0
         self.log: list[str] = []
-        self.replay_at: list[float] = []
         fake = self
 
         class Event:
@@ -46,7 +44,6 @@ class FakeCuda:
             def replay(self):
                 fake.replays += 1
                 fake.log.append("replay")
-                fake.replay_at.append(fake.now_ms)
                 for f in self.fns:
                     f()
 
