@@ -11,9 +11,12 @@ full protocol. The heuristic is always timed in full (the summary's speedup is a
 and so is every candidate that may win, so a key's best is always a full measurement.
 
 A key's first timed candidate (usually the heuristic) gets :data:`KEY_WARMUP_MS` of untimed
-graph replays before its samples; the key's later candidates follow timed work on the same
-inputs and get none. Without it the heuristic at llama b4 x 262k was measured 15% slower than
-identical twins timed after it, in two independent tunes (1,095 and 1,097 us against 953-956).
+graph replays before its samples when they are long (at most ``timing.SHORT_WARM_MS`` when
+short); the key's later candidates follow timed work on the same inputs and get none.
+Without it the heuristic at llama b4 x 262k (~1 ms calls) was measured 14-15% slower than
+identical twins timed after it, in four tunes (1,095-1,112 us against 952-975), with 0 ms,
+with 5 ms and with 10-15 ms of replays until two 5 ms batches timed the same; with 200 ms
+it measured as its twins (bench/results/nvidia-h200/session13/call7-*.txt, call8-*.txt).
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
 PILOT_RATIO = 1.25
 #: how a row timed by its pilot only starts its ``error`` text (the store has no reps column)
 PILOT_NOTE = "pilot only"
-#: untimed GPU work, in ms, before the samples of a key's first timed candidate: a few
-#: replays of a ~1 ms graph, a few dozen of a short op's 200 us graph (per key, not per
-#: candidate: about 0.16 s over the 28 keys of the llama3-8b preset)
-KEY_WARMUP_MS = 5.0
+#: untimed GPU work, in ms, before the samples of a key's first timed candidate when its
+#: samples are long (>= timing.LONG_SAMPLE_US: ~200 replays of a ~1 ms call); shorter ones
+#: get timing.SHORT_WARM_MS (a few dozen replays of a short op's 200 us graph). Per key,
+#: not per candidate
+KEY_WARMUP_MS = 200.0
 
 
 @dataclass

@@ -50,6 +50,12 @@ MIN_REPS, MAX_REPS = 20, 500
 PILOT_REPS = 5
 #: at most this many untimed replays (or eager calls) for ``warm_ms``
 MAX_WARM = MAX_REPS
+#: a sample (one replay, or one eager call) at least this long gets the whole ``warm_ms``;
+#: a shorter one at most :data:`SHORT_WARM_MS` (H200, session 13: only the key of ~1 ms
+#: calls measured its first candidate slow, 14%, with 0 or 5 ms of warm-up and not with
+#: 200; keys of 15-40 us calls measured the same with 0 and 200 ms)
+LONG_SAMPLE_US = 500.0
+SHORT_WARM_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -127,13 +133,16 @@ def staged(take: Callable[[int], list[float]], n: int, calls: int,
 
 def warm_count(warm_ms: float, sample_us: float) -> int:
     """Untimed samples of ``sample_us`` each that last about ``warm_ms`` (0 without a
-    warm-up; at least one with it, at most :data:`MAX_WARM`).
+    warm-up; at least one with it, at most :data:`MAX_WARM`); a sample shorter than
+    :data:`LONG_SAMPLE_US` warms for at most :data:`SHORT_WARM_MS`.
 
-    >>> warm_count(0.0, 950.0), warm_count(5.0, 950.0), warm_count(5.0, 200.0)
-    (0, 6, 25)
+    >>> warm_count(0.0, 950.0), warm_count(200.0, 950.0), warm_count(200.0, 200.0)
+    (0, 211, 25)
     """
     if warm_ms <= 0:
         return 0
+    if sample_us < LONG_SAMPLE_US:
+        warm_ms = min(warm_ms, SHORT_WARM_MS)
     return int(min(MAX_WARM, max(1, math.ceil(warm_ms * 1e3 / max(sample_us, 1e-3)))))
 
 
