@@ -48,7 +48,6 @@ from kdispatch.kernels.decode_attention.spec import gluon_config
 
 DK, DV = 576, 512
 RESULT: dict = {"correctness": [], "timing": [], "errors": [], "compiled": {}}
-GLUON = {"kernel": "gluon", "block_n": 64, "block_h": 64, "num_warps": 8, "num_stages": 2}
 #: the compiled stage 1 of the explicit-config launches, by (splits, QLEN, page size)
 COMPILED: dict = {}
 
@@ -133,9 +132,8 @@ def check_correctness(dev, page: int, shapes) -> None:
         row = {"case": f"page{page} h{hq} qlen{qlen} lens{lens} splits{splits}"}
         ok = True
         try:
-            cfg = {**GLUON, "num_kv_splits": splits}
-            row["dispatch_gluon"] = checked_plan(gluon_config(splits), q, k, v, bt, sl, None,
-                                                 0.0).gluon
+            cfg = gluon_config(splits)
+            row["dispatch_gluon"] = checked_plan(cfg, q, k, v, bt, sl, None, 0.0).gluon
             got = kdispatch.decode_attention(q, k, v, bt, sl, scale=scale, config=cfg)
             torch.cuda.synchronize()
             ok &= _compare(row, "dispatch", got, ref) and row["dispatch_gluon"]
@@ -181,7 +179,7 @@ def check_bad_pages(dev, page: int) -> None:
                        f"range {BAD_SLOTS}"}
         try:
             got = kdispatch.decode_attention(q, k, k[..., :DV], bad, sl, scale=DK ** -0.5,
-                                             config={**GLUON, "num_kv_splits": splits})
+                                             config=gluon_config(splits))
             torch.cuda.synchronize()
             row["gluon_ok"] = _compare(row, "dispatch", got, ref)
         except Exception as exc:  # noqa: BLE001
@@ -261,7 +259,7 @@ def time_shape(dev, b: int, ctx: int, hq: int, qlen: int, splits, row: dict,
         cell = {"splits": s}
         row["gluon"].append(cell)
         try:
-            cfg = {**GLUON, "num_kv_splits": s}
+            cfg = gluon_config(s)
             fn = lambda cfg=cfg: kdispatch.decode_attention(q, k, v, bt, sl, scale=scale,
                                                             out=out, config=cfg)
             fn()
