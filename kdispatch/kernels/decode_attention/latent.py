@@ -9,7 +9,8 @@ than reading the latent once per token. fp8 latents (``KV_FP8``) are loaded as f
 converted in registers (to fp16 for fp16 dots, ``F16_DOTS``); their scales are read by
 the kernel. A page id outside ``[0, num_blocks)`` is never dereferenced (its rows read
 the zero row ``KZ`` at the 64-row tiles and are masked out of the loads at narrower
-ones) and its tokens' scores are -inf.
+ones, whose splits run unguarded loads when their ids were all found in the cache) and its
+tokens' scores are -inf.
 """
 
 import triton
@@ -41,6 +42,69 @@ def _pages_valid(bt_row, start, end, num_blocks, stride_btp, PAGE: tl.constexpr,
         ids = tl.load(bt_row + offs * stride_btp, mask=offs < p_end, other=0)
         bad += tl.sum((ids.to(tl.uint32, bitcast=True) >= num_blocks).to(tl.int32), 0)
     return bad == 0
+
+
+@triton.jit
+def _latent_tiles(K, KZ, bt_row, q0, q1, q_pe, m_i, l_i, acc0, acc1, start, end, num_blocks,
+                  k_head, qk_scale, cap, row_end, row_lo, stride_kb, stride_kp, stride_btp,
+                  clean, PAGE: tl.constexpr, DV: tl.constexpr, DPE: tl.constexpr,
+                  BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr,
+                  ZERO_ROW: tl.constexpr, QLEN: tl.constexpr, SLIDING: tl.constexpr,
+                  LOGIT_CAP: tl.constexpr, UPCAST: tl.constexpr, KV_FP8: tl.constexpr,
+                  ASM_CVT: tl.constexpr, PREC: tl.constexpr, GUARD: tl.constexpr):
+    """The tile loop of a split: ``(m_i, l_i, acc0, acc1)`` after its tokens ``[start, end)``.
+
+    ``GUARD``: a page id outside the cache is never dereferenced. At the 64-row tiles
+    (``ZERO_ROW``) its rows point at the zero row ``KZ`` and the loads are masked by the
+    token range only (a mask by page validity makes the async copies wait on the page-id
+    loads, which ptxas then schedules just before them: ~7% at 128 heads); at narrower
+    tiles the loads are masked by page validity (fewer instructions than the pointer
+    select). Without ``GUARD`` (a narrow tile's split whose ids were all found in the
+    cache) the loads are masked by the token range alone. ``clean`` (whether the split's
+    ids were all found in the cache) lets the scores skip the reload of the tile's ids.
+    """
+    offs_c = tl.arange(0, HALF)
+    if BLOCK_DPE > 0:
+        offs_pe = tl.arange(0, BLOCK_DPE)
+        pe_mask = offs_pe < DPE
+    offs_n = start + tl.arange(0, BLOCK_N)
+    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=-1)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n, in_range, readable, page64, in_page, page_next = _tile_pages(
+            bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
+        if GUARD and ZERO_ROW:
+            k_row = _row_ptrs(K, page64, in_page, k_head, readable, stride_kb, stride_kp, KZ)
+        else:
+            k_row = K + (page64 * stride_kb + in_page * stride_kp + k_head)
+        if GUARD and not ZERO_ROW:
+            load_ok = readable
+        else:
+            load_ok = in_range
+        kp = k_row[:, None] + offs_c[None, :]
+        k0 = tl.load(kp, mask=load_ok[:, None], other=0.0)
+        k1 = tl.load(kp + HALF, mask=load_ok[:, None], other=0.0)
+        if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized, staged as
+            k0 = _dequant(k0, q0.dtype, ASM_CVT)  # fp16 for both dots)
+            k1 = _dequant(k1, q0.dtype, ASM_CVT)
+        if BLOCK_DPE > 0:  # rope tail first, then the halves accumulate into its scores
+            k_pe = tl.load(k_row[:, None] + DV + offs_pe[None, :],
+                           mask=load_ok[:, None] & pe_mask[None, :], other=0.0)
+            if UPCAST or KV_FP8:
+                k_pe = k_pe.to(q0.dtype)
+            s = tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
+            s = tl.dot(q0, tl.trans(k0), s, input_precision=PREC)
+        else:
+            s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+        s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
+        s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
+        s = _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_btp,
+                     PAGE, QLEN, SLIDING, BLOCK_N, clean)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+        pb = p.to(k0.dtype)
+        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)
+        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None], input_precision=PREC)
+        page = page_next
+    return m_i, l_i, acc0, acc1
 
 
 @triton.jit
@@ -99,6 +163,8 @@ def _decode_stage1_latent(
         q_pe = tl.load(q_row + DV + offs_pe[None, :], mask=r_mask[:, None] & pe_mask[None, :],
                        other=0.0)
         q_pe = _dot_operand(q_pe, UPCAST, F16_DOTS)
+    else:  # no rope tail: unused by the tiles
+        q_pe = q0
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -106,49 +172,25 @@ def _decode_stage1_latent(
     acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
     k_head = kvh * stride_kh
     bt_row = BT + b * stride_btb
-    # the serving case: every page id of the split lies in the cache, and the scores skip
-    # the reload of the tile's ids (the loads never read a bad page in either case)
     clean = _pages_valid(bt_row, start, end, num_blocks, stride_btp, PAGE, PAGE_SCAN)
-    offs_n = start + tl.arange(0, BLOCK_N)
-    page = tl.load(bt_row + (offs_n // PAGE) * stride_btp, mask=offs_n < end, other=-1)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n, in_range, readable, page64, in_page, page_next = _tile_pages(
-            bt_row, n0, end, page, num_blocks, stride_btp, PAGE, BLOCK_N)
-        # an out-of-cache page id is never dereferenced. At the 64-row tiles its rows point
-        # at the zero row KZ and the loads are masked by the token range only (a mask by
-        # page validity makes the async copies wait on the page-id loads, which ptxas then
-        # schedules just before them: ~7% at 128 heads); at narrower tiles the loads are
-        # masked by page validity (fewer instructions than the pointer select)
-        if ZERO_ROW:
-            k_row = _row_ptrs(K, page64, in_page, k_head, readable, stride_kb, stride_kp, KZ)
-            load_ok = in_range
-        else:
-            k_row = K + (page64 * stride_kb + in_page * stride_kp + k_head)
-            load_ok = readable
-        kp = k_row[:, None] + offs_c[None, :]
-        k0 = tl.load(kp, mask=load_ok[:, None], other=0.0)
-        k1 = tl.load(kp + HALF, mask=load_ok[:, None], other=0.0)
-        if UPCAST or KV_FP8:  # to the dot dtype in registers (fp8: dequantized, staged as
-            k0 = _dequant(k0, q0.dtype, ASM_CVT)  # fp16 for both dots)
-            k1 = _dequant(k1, q0.dtype, ASM_CVT)
-        if BLOCK_DPE > 0:  # rope tail first, then the halves accumulate into its scores
-            k_pe = tl.load(k_row[:, None] + DV + offs_pe[None, :],
-                           mask=load_ok[:, None] & pe_mask[None, :], other=0.0)
-            if UPCAST or KV_FP8:
-                k_pe = k_pe.to(q0.dtype)
-            s = tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
-            s = tl.dot(q0, tl.trans(k0), s, input_precision=PREC)
-        else:
-            s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
-        s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
-        s = _scores_scale(s, qk_scale, cap, LOGIT_CAP)
-        s = _visible(s, offs_n, in_range, row_end, row_lo, bt_row, num_blocks, stride_btp,
-                     PAGE, QLEN, SLIDING, BLOCK_N, clean)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
-        pb = p.to(k0.dtype)
-        acc0 = tl.dot(pb, k0, acc0 * alpha[:, None], input_precision=PREC)
-        acc1 = tl.dot(pb, k1, acc1 * alpha[:, None], input_precision=PREC)
-        page = page_next
+    if ZERO_ROW:  # one loop: bad rows read the zero row; a clean split skips the id reload
+        m_i, l_i, acc0, acc1 = _latent_tiles(
+            K, KZ, bt_row, q0, q1, q_pe, m_i, l_i, acc0, acc1, start, end, num_blocks,
+            k_head, qk_scale, cap, row_end, row_lo, stride_kb, stride_kp, stride_btp, clean,
+            PAGE, DV, DPE, BLOCK_DPE, BLOCK_N, HALF, True, QLEN, SLIDING, LOGIT_CAP,
+            UPCAST, KV_FP8, ASM_CVT, PREC, True)
+    elif clean:  # narrower tiles, the serving case: loads by the token range alone
+        m_i, l_i, acc0, acc1 = _latent_tiles(
+            K, KZ, bt_row, q0, q1, q_pe, m_i, l_i, acc0, acc1, start, end, num_blocks,
+            k_head, qk_scale, cap, row_end, row_lo, stride_kb, stride_kp, stride_btp, True,
+            PAGE, DV, DPE, BLOCK_DPE, BLOCK_N, HALF, False, QLEN, SLIDING, LOGIT_CAP,
+            UPCAST, KV_FP8, ASM_CVT, PREC, False)
+    else:  # a split holding a bad id: loads masked by page validity
+        m_i, l_i, acc0, acc1 = _latent_tiles(
+            K, KZ, bt_row, q0, q1, q_pe, m_i, l_i, acc0, acc1, start, end, num_blocks,
+            k_head, qk_scale, cap, row_end, row_lo, stride_kb, stride_kp, stride_btp, False,
+            PAGE, DV, DPE, BLOCK_DPE, BLOCK_N, HALF, False, QLEN, SLIDING, LOGIT_CAP,
+            UPCAST, KV_FP8, ASM_CVT, PREC, True)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     if KV_SCALED:  # dequantized latent (as V) = stored * v_scale
