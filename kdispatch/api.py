@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from kdispatch import dispatcher as _dispatch
-from kdispatch.dispatcher import HOT as _HOT
 from kdispatch.dispatcher import Explanation, Stats
+from kdispatch.memo import HOT as _HOT
+from kdispatch.memo import _never
 from kdispatch.opdef import OpConfig
 
 
@@ -26,11 +27,14 @@ def resolve(op: str, /, config: Any = None, **args: Any) -> OpConfig:
     if config is None:  # the memo hit, inlined (the serving hot path)
         try:
             memo = _HOT[op]  # the global dispatcher's memo of ``op``, once it resolved ``op``
-            mk = memo.memo_key(args)
             entry = memo.last
-            if mk != entry.memo_key:
-                entry = memo.entries[mk]
-                memo.last = entry
+            if not entry.guard(args):  # the last call's signature again (see Memo)
+                mk = memo.memo_key(args)
+                if mk != entry.memo_key:
+                    entry = memo.entries[mk]
+                    memo.last = entry
+                elif entry.guard is not _never:  # the key matched but not the guard: renew it
+                    entry.guard = memo.memo_guard(args) or _never
             entry.calls += 1
             return entry.config
         except (KeyError, TypeError):  # a miss, or an unhashable argument (the slow path
