@@ -180,3 +180,13 @@ def test_a_private_dispatcher_builds_the_guard_too(dev):
     _, entry = d.resolve_entry("decode_attention", args)
     assert entry.guard(decode_args(dev)) and not entry.guard(decode_args(dev, hq=16))
 
+
+def test_config_is_still_a_keyword(dev):
+    """resolve pops ``config=`` from its keyword arguments (no parameter of that name): an
+    explicit config is returned (never counted), ``config=None`` is the memo's."""
+    args = decode_args(dev)
+    cfg = _resolve(args)
+    other = cfg.model_copy(update={"num_warps": 2 if cfg.num_warps != 2 else 4})
+    assert kdispatch.resolve("decode_attention", config=other, **args) == other
+    assert kdispatch.resolve("decode_attention", config=None, **args) is cfg
+    assert _counts() == (2, 1)
