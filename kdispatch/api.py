@@ -37,8 +37,8 @@ def resolve(op: str, /, **args: Any) -> OpConfig:
                 if mk != entry.memo_key:
                     entry = memo.entries[mk]
                     memo.last = entry
-                elif entry.guard is not _never:  # the key matched but not the guard: renew it
-                    entry.guard = memo.memo_guard(args) or _never
+                elif entry.guard is not _never:  # the key matched but not the guard: renew
+                    entry.guard = memo.memo_guard(args) or entry.guard  # it (where one can be)
             entry.calls += 1
             return entry.config
         except (KeyError, TypeError):  # a miss, or an unhashable argument (the slow path

@@ -190,3 +190,21 @@ def test_config_is_still_a_keyword(dev):
     assert kdispatch.resolve("decode_attention", config=other, **args) == other
     assert kdispatch.resolve("decode_attention", config=None, **args) is cfg
     assert _counts() == (2, 1)
+
+
+def test_a_resolve_traced_by_torch_compile_reads_the_memo_key(dev):
+    """torch.compile cannot trace the C++ check: while it traces, the guards fail and none is
+    made, so the memo key serves (fullgraph), and the eager guard is kept."""
+    args = decode_args(dev)
+    cfg = _resolve(args)
+    _resolve(args)
+    guard = _last().guard
+
+    def step(q):
+        return q * kdispatch.resolve("decode_attention", **{**args, "q": q}).num_warps
+
+    torch._dynamo.reset()
+    out = torch.compile(step, fullgraph=True, backend="eager")(args["q"])
+    assert torch.equal(out, args["q"] * cfg.num_warps)
+    assert _last().guard is guard and guard(args)
+    assert _resolve(args) is cfg
