@@ -11,8 +11,9 @@ if TYPE_CHECKING:
     from kdispatch.dispatcher import Consulted, Source
     from kdispatch.opdef import OpConfig, OpKey
 
-#: a guard that accepts no call (a C callable, so a call costs little: ``()`` holds nothing)
-_never: Callable[[Any], bool] = ().__contains__
+#: a guard that accepts no call: 0 for any argument (how often it is in an empty tuple); a
+#: builtin method, ~15 ns a call (``().__contains__``, a slot wrapper, costs 40-50 ns)
+_never: Callable[[Any], int] = ().count
 
 
 @dataclass(slots=True)
