@@ -39,11 +39,14 @@ def _works() -> bool:
     check = _build((a, b))
     if check is None:
         return False
-    same = check(torch.ones(2, 3), torch.ones(4, dtype=torch.int32)) is True
     others = [(a.double(), b), (torch.zeros(2, 3, device="meta"), b), (a, b[:3]),
               (a.view(3, 2), b), (a.view(2, 3, 1), b), (a, b.long()), (a, [0, 0, 0, 0]),
               (a.as_subclass(torch.nn.Parameter), b)]
-    return same and not any(check(*o) for o in others)
+    try:
+        same = check(torch.ones(2, 3), torch.ones(4, dtype=torch.int32)) is True
+        return same and not any(check(*o) for o in others)
+    except Exception:  # noqa: BLE001 - a check that raises: no fast path (never an import error)
+        return False
 
 
 if _TensorGuards is not None and not _works():

@@ -45,6 +45,18 @@ def test_torch_has_the_check_and_it_passes_its_self_test():
     assert tensor_guard._works()
 
 
+def test_a_check_that_raises_fails_the_self_test(monkeypatch):
+    class Raising:
+        def __init__(self, *tensors, **kw):
+            pass
+
+        def check(self, *tensors):
+            raise TypeError("not a tensor")
+
+    monkeypatch.setattr(tensor_guard, "_TensorGuards", Raising)
+    assert tensor_guard._works() is False
+
+
 def test_shape_guard_compares_type_device_dtype_and_shape(dev):
     a = torch.zeros(2, 3, device=dev, dtype=BF)
     b = torch.zeros(4, device=dev, dtype=torch.int32)
