@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from kdispatch.device import Device
 from kdispatch.errors import StrictMissError, short_error, warn_once
+from kdispatch.memo import HOT, Entry, Memo, _never
 from kdispatch.misses import MissWriter
 from kdispatch.opdef import Op, OpConfig, OpKey
 from kdispatch.registry import get_op, op_names
@@ -57,55 +58,6 @@ class Explanation:
     provenance: Source
     origin: Source  # the source behind a memo hit (== provenance otherwise)
     consulted: tuple[Consulted, ...]
-
-
-@dataclass(slots=True)
-class Entry:
-    """One memoized resolution; ``calls`` counts its uses (cached launch paths add theirs)."""
-
-    op: str
-    key: OpKey
-    config: OpConfig
-    source: Source
-    consulted: tuple[Consulted, ...]
-    calls: int = 1
-    memo_key: Any = None  # the memo key it is stored under (None: not memoized)
-
-
-class Memo:
-    """One op's memo: memo key -> entry, and the entry the public resolve served last (a
-    serving loop resolves one signature per layer, so the last entry's memo key usually
-    matches: one tuple comparison instead of hashing the key). A hit on ``last`` is the
-    dict's own criterion (the memo keys compare equal), so it never serves another key.
-    The hit itself is inlined in :func:`kdispatch.resolve`."""
-
-    __slots__ = ("entries", "memo_key", "last")
-
-    def __init__(self, memo_key: Any):
-        self.entries: dict[Any, Entry] = {}
-        self.memo_key = memo_key  # the op's memo_key
-        self.last: Entry | _NoEntry = _NO_ENTRY
-
-
-class _NoKey:
-    """Equal to no memo key."""
-
-    __slots__ = ()
-
-
-class _NoEntry:
-    """The initial ``Memo.last``: its memo key equals no memo key."""
-
-    __slots__ = ()
-    memo_key = _NoKey()
-    config = None
-
-
-_NO_ENTRY = _NoEntry()
-
-#: op -> the global dispatcher's :class:`Memo` (the public resolve's memo hit reads only
-#: this); filled under ``_INIT_LOCK`` by that dispatcher, cleared (never replaced) by reset
-HOT: dict[str, Memo] = {}
 
 
 @dataclass
@@ -176,7 +128,7 @@ class Dispatcher:
         with self._lock:
             memo = self._memos.get(name)
             if memo is None:
-                memo = self._memos[name] = Memo(spec.memo_key)
+                memo = self._memos[name] = Memo(spec.memo_key, spec.memo_guard)
             self._ops[name] = spec
         with _INIT_LOCK:  # reset() swaps the global and clears HOT under this lock
             if self is _DISPATCHER:
@@ -215,6 +167,8 @@ class Dispatcher:
             entry = self._chain(spec, key)
             if mk is not None:
                 entry.memo_key = mk
+                if spec.memo_guard is not None:
+                    entry.guard = spec.memo_guard(args) or _never
                 memo[mk] = entry
         return entry
 

@@ -18,7 +18,7 @@ own with :func:`kdispatch.register` or the ``kdispatch.ops`` entry point.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -159,6 +159,12 @@ class Op(ABC):
     def memo_key(self, args: Mapping[str, Any]) -> Hashable:
         """A cheap hashable of exactly what :meth:`key` reads (override for speed)."""
         return tuple((k, _tensor_sig(v)) for k, v in args.items())
+
+    #: optional: ``memo_guard(args)`` -> a cheaper ``check(later_args) -> bool`` that is
+    #: True only where ``memo_key(later_args) == memo_key(args)``, or None (the public
+    #: resolve's memo hit tries it first on the entry it served last)
+    memo_guard: ClassVar[Callable[[Mapping[str, Any]], Callable[[Mapping[str, Any]], bool]
+                                   | None] | None] = None
 
     def device_of(self, args: Mapping[str, Any]) -> Any:
         """The device ``args`` names: a tensor's device, a ``device=`` key, or None."""

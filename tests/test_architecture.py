@@ -10,8 +10,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "kdispatch"
 GENERIC = ("api", "buckets", "device", "dispatcher", "dtypes", "errors", "kernel_op", "table_cache",
-           "launching", "misses", "opdef", "paths", "registry", "settings", "source_hash",
-           "tables", "torch_library", "store", "tuning", "cli")
+           "launching", "memo", "misses", "opdef", "paths", "registry", "settings",
+           "source_hash", "tables", "tensor_guard", "torch_library", "store", "tuning", "cli")
 OP_NAMES = ("decode_attention", "kv_write", "write_kv")
 
 

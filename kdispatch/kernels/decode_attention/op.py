@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,10 @@ from kdispatch.kernels.decode_attention.launch import (
 )
 from kdispatch.kernels.decode_attention.tuning import DecodeTuning
 from kdispatch.opdef import Op, OpKey
+from kdispatch.tensor_guard import shape_guard
+
+#: True while torch.compile traces (a constant there); ~20-30 ns in eager
+_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 #: the tensor form's names: the key's inputs and the rest of a decode call's arguments
@@ -48,7 +52,8 @@ class DecodeOp(Op):
     @staticmethod
     def memo_key(args: Mapping[str, Any]) -> Hashable:
         """What :meth:`key` reads of a tensor-form call, in six tensor-attribute reads
-        (the serving hot path: ``kdispatch.resolve``'s memo hit is this and a comparison).
+        (``kdispatch.resolve``'s memo hit is this and a comparison where the last entry's
+        :meth:`memo_guard` fails: another signature, or the first repeat of one).
 
         q's shape (batch, q_len, heads, head dim), dtype and device (type and index); the
         cache dtype; v_cache's shape, whose first three dims are k_cache's in every call
@@ -73,6 +78,39 @@ class DecodeOp(Op):
         except AttributeError:
             pass
         return ("invalid", id(args))  # not tensors, or one missing: key() names it
+
+    @staticmethod
+    def memo_guard(args: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool] | None:
+        """For the serving call (the five tensors): a check that a later call has the same
+        five names and a q, k_cache, v_cache and block_table of the same Python type,
+        device, dtype and shape, in one C++ check (:func:`~kdispatch.tensor_guard.
+        shape_guard`), so that its :meth:`memo_key` is this call's (the check compares more:
+        every tensor's dtype and shape, requires_grad). A cache given as both k_cache and
+        v_cache (torch's check takes a tensor once) is checked once, and a later call must
+        give one cache too. None for any other call, or where torch has no such check.
+        Under torch.compile's tracing the guards fail and none is made (the C++ check cannot
+        be traced; the memo key can)."""
+        if len(args) != 5 or "seq_lens" not in args or _compiling():
+            return None
+        try:
+            q, k, v, bt = args["q"], args["k_cache"], args["v_cache"], args["block_table"]
+        except KeyError:
+            return None
+        if v is not k:
+            check = shape_guard(q, k, v, bt)
+
+            def guard(args: Mapping[str, Any]) -> bool:
+                return (len(args) == 5 and "seq_lens" in args and not _compiling()
+                        and check(args["q"], args["k_cache"], args["v_cache"],
+                                  args["block_table"]))
+        else:
+            check = shape_guard(q, k, bt)
+
+            def guard(args: Mapping[str, Any]) -> bool:
+                return (len(args) == 5 and "seq_lens" in args and not _compiling()
+                        and args["v_cache"] is args["k_cache"]
+                        and check(args["q"], args["k_cache"], args["block_table"]))
+        return guard if check is not None else None
 
     def device_of(self, args: Mapping[str, Any]) -> Any:
         q = args.get("q")
