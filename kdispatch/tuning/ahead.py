@@ -12,20 +12,22 @@ is fitted around it, so compiling overlaps timing instead of preceding it:
 - :meth:`CompileAhead.ready` waits for one candidate's own kernels (moving them to the
   front of the queue), and while it waits it describes the next keys;
 - :meth:`CompileAhead.top_up` describes one more key before a candidate when fewer of this
-  process's kernels are queued or compiling than the pool has processes, and
-  :meth:`CompileAhead.while_timing` does so while a candidate's samples run on the GPU.
+  process's kernels are queued or compiling than the pool has processes.
 
-So keys are submitted in timing order, a candidate waits only for its own kernels, and the
-pool compiles later keys while earlier ones are timed. Workers sharing one pool
+So the keys are submitted in timing order, a candidate waits only for its own kernels, and
+the pool keeps compiling later keys while earlier ones are timed. Workers sharing one pool
 (``--device all``) feed it each key once, in the shared key order (``first`` in
 :meth:`CompileAhead.plan`), and each describes the keys it claims for timing itself (the
 pool compiles a kernel once, whoever asked first). A worker claims the keys it described
 ahead before the others (:func:`turns`), so a key's inputs are made (and its launches
 described) by one worker, not once to feed the pool and again to time it. A kernel the
 compiler rejected makes the candidate infeasible without a launch; anything the pool could
-not do is compiled by the JIT at launch, as without a pool. Verification and timing are
-untouched. Inputs slow to make (seconds for a large KV write) are kept, within
-:data:`KEEP_BYTES`, for the sweep to time on (:meth:`CompileAhead.take_inputs`).
+not do (a launch it could not describe, a kernel it skipped) is compiled by the JIT at
+launch, exactly as without a pool. Verification and timing are untouched.
+
+Inputs that were slow to make (drawn on the host: seconds for a large KV write) are kept,
+within :data:`KEEP_BYTES`, for the sweep to verify and time on (:meth:`CompileAhead.
+take_inputs`), so such a key's inputs are made once per run instead of twice.
 
 The pool is a local :class:`~kdispatch.tuning.compile_pool.CompilePool` or, in a worker of
 ``--device all``, a :class:`~kdispatch.tuning.remote_pool.RemotePool` that forwards to the
@@ -54,8 +56,6 @@ __all__ = ["AheadStats", "CompileAhead", "CompileSettings", "Pool", "Ready", "op
 
 #: how often a waiting sweep reports progress
 POLL_S = 0.25
-#: how long :meth:`CompileAhead.while_timing` waits on the pool between checks of the GPU
-IDLE_POLL_S = 0.002
 #: a candidate waits at most this long for its kernels; then its launch compiles them (a
 #: kernel takes seconds to compile: only a pool that lost an item waits this long)
 STALL_S = 900.0
@@ -85,8 +85,13 @@ class Ready:
     error: str | None = None
 
 
+#: how long :meth:`CompileAhead.while_timing` waits on the pool between checks of the GPU
+POLL_S = 0.002
+
+
 def _gpu_busy(torch_device: Any) -> Callable[[], bool]:
-    """Whether work queued on ``torch_device``'s stream still runs (never, off a GPU)."""
+    """Whether work queued on ``torch_device``'s current stream is still running (never,
+    off a GPU)."""
     if getattr(torch_device, "type", None) != "cuda":
         return lambda: False
     import torch
@@ -196,10 +201,11 @@ class CompileAhead:
             self.feed(deadline)
 
     def while_timing(self, deadline: float | None = None) -> Callable[[], None] | None:
-        """Host work for a candidate's timing, run once its last samples are queued
-        (``time_call``'s ``idle``): until the GPU has run them, describe keys whenever the
-        pool has fewer kernels than processes, else wait on the pool a moment; so the
-        describing overlaps the replays. None when no key is left to describe."""
+        """The host work of a candidate's timing, run once its last samples are queued
+        (:func:`~kdispatch.tuning.timing.time_call`'s ``idle``): until the GPU has run them,
+        describe keys whenever the pool has fewer kernels than processes (:meth:`top_up`),
+        else wait on the pool a moment. Describing then overlaps the replays (and a key's
+        warm-up) instead of following them on an idle GPU. None when no key is left."""
         if not self.active or self._next >= len(self._order):
             return None
         busy = _gpu_busy(self.torch_device)
@@ -207,11 +213,14 @@ class CompileAhead:
         def idle() -> None:
             before = self.stats.describe_s
             while self._next < len(self._order):
-                if self._backlog() >= self.workers:  # the pool is fed: wait while the GPU runs
-                    if not (busy() and self._open and self.pool is not None):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                if self._backlog() < self.workers:
+                    if not self.feed(deadline):
                         break
-                    self.pool.wait(list(self._open), timeout=IDLE_POLL_S)
-                elif not self.feed(deadline):  # none left, or the budget is spent
+                elif busy() and self._open and self.pool is not None:
+                    self.pool.wait(list(self._open), timeout=POLL_S)
+                else:
                     break
             self.stats.overlap_s += self.stats.describe_s - before
         return idle
