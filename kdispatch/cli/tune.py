@@ -303,8 +303,7 @@ class _Reporter:
             self.console.print(thr.worker_line(), highlight=False, soft_wrap=True)
         if thr.pool:
             self.console.print(f"compiling ahead: {thr.describe_s:.1f} s describing keys for "
-                               f"the pool ({thr.overlap_s:.1f} s of it while the GPU timed), "
-                               f"{thr.wait_s:.1f} s waiting for kernels",
+                               f"the pool, {thr.wait_s:.1f} s waiting for kernels",
                                highlight=False, soft_wrap=True)
 
     def finish(self, runs: list[Any], results: list[Any], budget_minutes: float | None) -> None:

@@ -85,28 +85,12 @@ class Ready:
     error: str | None = None
 
 
-#: how long :meth:`CompileAhead.while_timing` waits on the pool between checks of the GPU
-POLL_S = 0.002
-
-
-def _gpu_busy(torch_device: Any) -> Callable[[], bool]:
-    """Whether work queued on ``torch_device``'s current stream is still running (never,
-    off a GPU)."""
-    if getattr(torch_device, "type", None) != "cuda":
-        return lambda: False
-    import torch
-
-    stream = torch.cuda.current_stream(torch_device)
-    return lambda: not stream.query()
-
-
 @dataclass
 class AheadStats:
     """The timing process's side of compiling ahead."""
 
     describe_s: float = 0.0     # making inputs and describing launches
     wait_s: float = 0.0         # waiting for the pool before a candidate
-    overlap_s: float = 0.0      # of describe_s: while a candidate's timed samples ran
 
 
 @dataclass
@@ -199,31 +183,6 @@ class CompileAhead:
         compiling than the pool has processes (so none of them runs dry)."""
         if self.active and self._next < len(self._order) and self._backlog() < self.workers:
             self.feed(deadline)
-
-    def while_timing(self, deadline: float | None = None) -> Callable[[], None] | None:
-        """The host work of a candidate's timing, run once its last samples are queued
-        (:func:`~kdispatch.tuning.timing.time_call`'s ``idle``): until the GPU has run them,
-        describe keys whenever the pool has fewer kernels than processes (:meth:`top_up`),
-        else wait on the pool a moment. Describing then overlaps the replays (and a key's
-        warm-up) instead of following them on an idle GPU. None when no key is left."""
-        if not self.active or self._next >= len(self._order):
-            return None
-        busy = _gpu_busy(self.torch_device)
-
-        def idle() -> None:
-            before = self.stats.describe_s
-            while self._next < len(self._order):
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                if self._backlog() < self.workers:
-                    if not self.feed(deadline):
-                        break
-                elif busy() and self._open and self.pool is not None:
-                    self.pool.wait(list(self._open), timeout=POLL_S)
-                else:
-                    break
-            self.stats.overlap_s += self.stats.describe_s - before
-        return idle
 
     def described(self, key_index: int) -> bool:
         """Whether this process described key ``key_index`` (its inputs may be kept)."""
@@ -372,7 +331,6 @@ class CompileAhead:
                         "launches were not described, not compiled, or specialized "
                         "differently", thr.jit_compiled, ", ".join(thr.jit_names[:5]))
         thr.describe_s, thr.wait_s = self.stats.describe_s, self.stats.wait_s
-        thr.overlap_s = self.stats.overlap_s
         pool = self.pool.stats()
         thr.pool = pool.as_dict() if pool is not None else None
 

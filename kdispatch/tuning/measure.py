@@ -29,7 +29,7 @@ from kdispatch.opdef import Op, OpConfig
 from kdispatch.store import MeasurementIn
 from kdispatch.tuning.inputs import KeyInputs
 from kdispatch.tuning.plan import Role
-from kdispatch.tuning.timing import Idle, Timing, time_call
+from kdispatch.tuning.timing import Timing, time_call
 from kdispatch.tuning.verify import Verdict, describe, infeasible_errors, verify
 
 #: a pilot this much slower than the key's best full measurement ends the candidate's timing
@@ -75,13 +75,13 @@ class KeyBest:
 
 def _timed(spec: Op, config: OpConfig, sets: list[dict[str, Any]], tdev: Any,
            reps: int | None, stop_above_us: float | None,
-           warm_ms: float = 0.0, idle: Idle | None = None) -> Timing | Verdict:
+           warm_ms: float = 0.0) -> Timing | Verdict:
     fns = [lambda inp=inp: spec.tuning.run(config, inp) for inp in sets]
     try:
         # one warm-up round: verification has just run (compiled, loaded) the candidate;
         # warm_ms of graph replays when it is its key's first timed candidate
         return time_call(fns, tdev, warmup=1, reps=reps, stop_above_us=stop_above_us,
-                         warm_ms=warm_ms, idle=idle)
+                         warm_ms=warm_ms)
     except infeasible_errors() as exc:
         return Verdict("infeasible", None, f"while timing: {describe(exc)}")
 
@@ -94,12 +94,10 @@ def pilot_note(timing: Timing, best_us: float) -> str:
 
 def measure(spec: Op, key: Any, cfg: OpConfig, role: Role, inputs: KeyInputs, tdev: Any,
             reps: int | None, source_hash: str, key_data: dict[str, Any],
-            best: KeyBest, idle: Idle | None = None) -> tuple[MeasurementIn, Timing | None]:
+            best: KeyBest) -> tuple[MeasurementIn, Timing | None]:
     """Verify then time one candidate; never raises for infeasible configs.
 
     Returns the row and the timing (None when it was not timed); ``best`` is updated.
-    ``idle``: host work run while the candidate's last samples are in flight
-    (:func:`~kdispatch.tuning.timing.time_call`).
     """
     work = inputs.for_candidate()
     verdict = verify(spec.tuning, key, cfg, work, inputs.reference)
@@ -107,8 +105,7 @@ def measure(spec: Op, key: Any, cfg: OpConfig, role: Role, inputs: KeyInputs, td
     note = verdict.error
     if verdict.ok:
         stop = best.stop_above(role)
-        got = _timed(spec, cfg, [work, *inputs.rotation], tdev, reps, stop, best.warm_ms(),
-                     idle)
+        got = _timed(spec, cfg, [work, *inputs.rotation], tdev, reps, stop, best.warm_ms())
         if isinstance(got, Verdict):
             verdict = Verdict(got.status, verdict.max_error, got.error)
             note = got.error

@@ -254,7 +254,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                         inputs = KeyInputs(spec, key, torch_device, seed,
                                            made=ahead.take_inputs(ki))
                     m, timing = measure(spec, key, cfg, role, inputs, torch_device, reps,
-                                        hashes[t.op], t.key, best, ahead.while_timing(deadline))
+                                        hashes[t.op], t.key, best)
                     thr.pilot_only += bool(timing is not None and timing.pilot)
                     thr.gpu_s += time.monotonic() - c0
                 s0 = time.monotonic()

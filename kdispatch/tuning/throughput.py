@@ -50,9 +50,6 @@ class Throughput:
         Kernels the timing process loaded from the Triton cache.
     describe_s, wait_s : float
         Describing candidates for the pool; waiting for it before a candidate.
-    overlap_s : float
-        Of ``describe_s``, the describing done while a candidate's timed samples ran (its
-        GPU time, ``gpu_s``, includes it).
     pool : dict or None
         :class:`~kdispatch.tuning.compile_pool.PoolStats` of the pool, when one ran.
     jit_names : list of str
@@ -82,7 +79,6 @@ class Throughput:
     jit_loaded: int = 0
     describe_s: float = 0.0
     wait_s: float = 0.0
-    overlap_s: float = 0.0
     pool: dict[str, Any] | None = None
     jit_names: list[str] = field(default_factory=list)
     start_s: float | None = None
@@ -127,7 +123,6 @@ class Throughput:
             out.jit_loaded += t.jit_loaded
             out.jit_names = (out.jit_names + t.jit_names)[:20]
             out.describe_s = max(out.describe_s, t.describe_s)
-            out.overlap_s = max(out.overlap_s, t.overlap_s)
             out.wait_s += t.wait_s
             out.store_s += t.store_s
             out.workers.append(t.as_dict())

@@ -13,11 +13,6 @@ whose pilot median is above it is returned as a pilot (``Timing.pilot``) without
 the samples. Otherwise the measurement goes on; its samples include the pilot's, so a full
 measurement is the same protocol with or without the check.
 
-A caller with host work to do (the tuner describes keys for its compile pool) passes
-``idle``: it is called once, after the last timed samples are queued and before the wait for
-them, so that work overlaps the GPU's replays instead of following them; what it queues on
-the GPU runs after the samples' end events and is not timed.
-
 A caller that times the first launch after other work (the tuner, at each key's first timed
 candidate) passes ``warm_ms``: the captured graph is replayed, untimed, for about that long
 right before the timed samples (eager calls when capture failed), so the first samples do
@@ -117,28 +112,22 @@ def _stats(samples_us: Sequence[float], calls: int, method: Method,
                   method=method, pilot=pilot)
 
 
-Idle = Callable[[], None]
+def staged(take: Callable[[int], list[float]], n: int, calls: int,
+           stop_above_us: float | None) -> tuple[list[float], bool]:
+    """``n`` samples from ``take(k)`` (``k`` more samples of ``calls`` calls each), checked
+    after the first :data:`PILOT_REPS`: returns ``(samples, pilot_only)``.
 
-
-def staged(take: Callable[[int, Idle | None], list[float]], n: int, calls: int,
-           stop_above_us: float | None, idle: Idle | None = None) -> tuple[list[float], bool]:
-    """``n`` samples from ``take(k, idle)`` (``k`` more samples of ``calls`` calls each;
-    ``idle``, when given, runs while they are in flight), checked after the first
-    :data:`PILOT_REPS`: returns ``(samples, pilot_only)``. ``idle`` goes with the last
-    samples only (the full run's rest, or the whole run without a pilot), so no timed sample
-    follows a pause it made.
-
-    >>> staged(lambda k, idle: [10.0] * k, 20, 1, 5.0)
+    >>> staged(lambda k: [10.0] * k, 20, 1, 5.0)
     ([10.0, 10.0, 10.0, 10.0, 10.0], True)
-    >>> len(staged(lambda k, idle: [10.0] * k, 20, 1, 12.0)[0])
+    >>> len(staged(lambda k: [10.0] * k, 20, 1, 12.0)[0])
     20
     """
     first = min(PILOT_REPS, n) if stop_above_us is not None else n
-    samples = list(take(first, idle if first == n else None))
+    samples = list(take(first))
     if first < n:
         if quantile(samples, 0.5) / calls > stop_above_us:  # type: ignore[operator]
             return samples, True
-        samples += take(n - first, idle)
+        samples += take(n - first)
     return samples, False
 
 
@@ -166,8 +155,7 @@ def _as_list(fn: Callable[[], Any] | Sequence[Callable[[], Any]]) -> list[Callab
 
 def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, *,
               warmup: int = 3, reps: int | None = None, use_graph: bool = True,
-              stop_above_us: float | None = None, warm_ms: float = 0.0,
-              idle: Idle | None = None) -> Timing:
+              stop_above_us: float | None = None, warm_ms: float = 0.0) -> Timing:
     """Time one call of ``fn`` on ``device``.
 
     Parameters
@@ -194,9 +182,6 @@ def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, 
         GPU only: untimed replays of the captured graph (eager calls when capture failed)
         lasting about this long, right before the timed samples and after the graph is
         sized (:func:`warm_count`). Default 0: none. The CPU ignores it.
-    idle : callable, optional
-        GPU only: host work run once while the last timed samples are in flight (see the
-        module). The CPU ignores it.
 
     Returns
     -------
@@ -221,7 +206,7 @@ def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, 
     with torch.cuda.device(dev):
         if use_graph:
             try:
-                return _time_graph(fns, warmup, reps, stop_above_us, warm_ms, idle)
+                return _time_graph(fns, warmup, reps, stop_above_us, warm_ms)
             except torch.cuda.OutOfMemoryError:
                 raise
             except RuntimeError as exc:
@@ -238,7 +223,7 @@ def time_call(fn: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, 
                 for f in fns:
                     f()
             torch.cuda.synchronize()
-        return _time_events(fns, _estimate_us(fns), reps, stop_above_us, warm_ms, idle)
+        return _time_events(fns, _estimate_us(fns), reps, stop_above_us, warm_ms)
 
 
 def _time_cpu(fns: list[Callable[[], Any]], *, warmup: int, reps: int,
@@ -248,7 +233,7 @@ def _time_cpu(fns: list[Callable[[], Any]], *, warmup: int, reps: int,
             f()
     done = 0
 
-    def take(k: int, idle: Idle | None) -> list[float]:
+    def take(k: int) -> list[float]:
         nonlocal done
         out = []
         for _ in range(k):
@@ -295,9 +280,8 @@ def _capture(fns: list[Callable[[], Any]], calls: int) -> Any:
     return graph
 
 
-def _replays(graph: Any, k: int, idle: Idle | None = None) -> list[float]:
-    """``k`` back-to-back replays of ``graph``, each timed with CUDA events (one sync;
-    ``idle`` runs before it, while they are in flight)."""
+def _replays(graph: Any, k: int) -> list[float]:
+    """``k`` back-to-back replays of ``graph``, each timed with CUDA events (one sync)."""
     import torch
 
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -306,8 +290,6 @@ def _replays(graph: Any, k: int, idle: Idle | None = None) -> list[float]:
         s.record()
         graph.replay()
         e.record()
-    if idle is not None:
-        idle()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) * 1e3 for s, e in events]
 
@@ -318,8 +300,7 @@ def _calls_for(per_call_us: float, n_fns: int) -> int:
 
 
 def _time_graph(fns: list[Callable[[], Any]], warmup: int, reps: int | None,
-                stop_above_us: float | None, warm_ms: float = 0.0,
-                idle: Idle | None = None) -> Timing:
+                stop_above_us: float | None, warm_ms: float = 0.0) -> Timing:
     """Replays of a graph of ``calls`` calls lasting about GRAPH_TARGET_US.
 
     The warm-up rounds run on the capture stream, the last one timed: that per-call time
@@ -352,21 +333,20 @@ def _time_graph(fns: list[Callable[[], Any]], warmup: int, reps: int | None,
     for _ in range(warm_count(warm_ms, gpu_us * calls)):
         graph.replay()
     n = _reps_for(gpu_us * calls, reps)
-    samples, pilot = staged(functools.partial(_replays, graph), n, calls, stop_above_us, idle)
+    samples, pilot = staged(functools.partial(_replays, graph), n, calls, stop_above_us)
     del graph
     return _stats(samples, calls, "cuda-graph", pilot)
 
 
 def _time_events(fns: list[Callable[[], Any]], per_call_us: float, reps: int | None,
-                 stop_above_us: float | None = None, warm_ms: float = 0.0,
-                 idle: Idle | None = None) -> Timing:
+                 stop_above_us: float | None = None, warm_ms: float = 0.0) -> Timing:
     import torch
 
     done = 0
     for i in range(warm_count(warm_ms, per_call_us)):
         fns[i % len(fns)]()
 
-    def take(k: int, idle: Idle | None) -> list[float]:
+    def take(k: int) -> list[float]:
         nonlocal done
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(k)]
@@ -376,12 +356,10 @@ def _time_events(fns: list[Callable[[], Any]], per_call_us: float, reps: int | N
             s.record()
             f()
             e.record()
-        if idle is not None:
-            idle()
         torch.cuda.synchronize()
         return [s.elapsed_time(e) * 1e3 for s, e in events]
 
-    samples, pilot = staged(take, _reps_for(per_call_us, reps), 1, stop_above_us, idle)
+    samples, pilot = staged(take, _reps_for(per_call_us, reps), 1, stop_above_us)
     return _stats(samples, 1, "cuda-events", pilot)
 
 

@@ -34,7 +34,7 @@ def fake_op():
 def test_staged_stops_after_the_pilot_only_above_the_threshold():
     taken = []
 
-    def take(k, idle):
+    def take(k):
         taken.append(k)
         return [100.0] * k
     assert staged(take, 40, 2, 40.0) == ([100.0] * PILOT_REPS, True)  # 50 us/call > 40
