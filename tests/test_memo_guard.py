@@ -194,7 +194,8 @@ def test_a_private_dispatcher_builds_the_guard_too(dev):
 
 
 def test_config_is_still_a_keyword(dev):
-    """An explicit ``config=`` is returned (never counted), ``config=None`` is the memo's."""
+    """resolve pops ``config=`` from its keyword arguments (no parameter of that name): an
+    explicit config is returned (never counted), ``config=None`` is the memo's."""
     args = decode_args(dev)
     cfg = _resolve(args)
     other = cfg.model_copy(update={"num_warps": 2 if cfg.num_warps != 2 else 4})
