@@ -11,6 +11,9 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     # Must be set before any kdispatch kernel module is imported (Triton decorates then).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    import interpreter_speed  # one language patch per launch: tests/interpreter_speed.py
+
+    interpreter_speed.install()
 
 
 def pytest_collection_modifyitems(config, items):
