@@ -28,6 +28,7 @@ turns it off. Child processes the tests start (the CLI, tuner workers) do not ge
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -93,5 +94,19 @@ def install() -> bool:
         return scope
 
     _patch_lang._kdispatch_tests = True
+    _patch_lang.original = original
     itp._patch_lang = _patch_lang
     return True
+
+
+@contextlib.contextmanager
+def plain():
+    """Triton's own ``_patch_lang`` for the ``with`` block (for the test that compares)."""
+    from triton.runtime import interpreter as itp
+
+    patched = itp._patch_lang
+    itp._patch_lang = getattr(patched, "original", patched)
+    try:
+        yield
+    finally:
+        itp._patch_lang = patched
