@@ -78,10 +78,12 @@ def test_heuristic_fills_device_for_kimi():
     programs = k.batch * cfg.num_kv_splits
     assert programs >= k.cu_count and cfg.num_kv_splits > 1
     assert SPEC.is_valid(k, cfg)
-    # the shipped H200 table keeps the heuristic's tile at this key (session 6: its pdl twin)
+    # the shipped H200 table keeps the heuristic's split count at this key; since session
+    # 14's clean-split loads its tile is 64 tokens at 2 stages (873.7 us against 884.8-886.5
+    # for the heuristic's 32-token tile's twins: bench/results/nvidia-h200/session14)
     got = kdispatch.resolve("decode_attention", device="nvidia-h200", **KIMI)
-    plain = {"pdl": False, "merge": False}
-    assert got.model_copy(update=plain) == cfg.model_copy(update=plain)
+    assert got.num_kv_splits == cfg.num_kv_splits and got.block_h == cfg.block_h
+    assert SPEC.is_valid(k, got)
 
 
 def test_heuristic_large_batch_one_split():
