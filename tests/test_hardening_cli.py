@@ -315,7 +315,7 @@ def test_export_passes_over_an_invalid_best_and_exports_the_next_valid(runner, f
 @pytest.mark.parametrize("how", ["delete", "rename-over"])
 def test_a_database_replaced_during_a_tune_fails_loudly(tmp_path, how):
     db = tmp_path / "t.sqlite"
-    env = fakeops.subprocess_env(KD_FAKE_SLEEP="0.3")
+    env = fakeops.subprocess_env(KD_FAKE_SLEEP="0.1")
     proc = subprocess.Popen(fakeops.cli_code("tune", "--device", "cpu", "--preset", "fake",
                                              "--db", str(db)),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -59,6 +59,11 @@ def cfg(splits=1, block_n=16, block_h=16, **kw):
 SHAPES = {"gqa": dict(hq=4, hk=2, dk=32), "mla": dict(hq=4, hk=1, dk=48, dv=32, latent=True)}
 
 
+#: query lengths that also run unsplit and merged (Q 3, 4, 6, 7 run split only: the same
+#: code paths, at the suite's time budget)
+FULL_Q = (1, 2, 5, 8)
+
+
 @pytest.mark.parametrize("kind", list(SHAPES))
 @pytest.mark.parametrize("q_len", range(1, 9))
 def test_causal_masks_at_page_boundaries(dev, kind, q_len):
@@ -66,8 +71,10 @@ def test_causal_masks_at_page_boundaries(dev, kind, q_len):
     args = make_case(dev, q_len=q_len, lens=lens, seed=q_len, **SHAPES[kind])
     rows = q_len * args[0].shape[2] // args[1].shape[2]
     block_h = max(16, 1 << (rows - 1).bit_length())
-    for c in (cfg(1, block_h=block_h), cfg(3, block_h=block_h),
-              cfg(4, block_h=16, merge=True)):  # 16-row blocks: tokens share a block
+    configs = [cfg(3, block_h=block_h)]  # every Q split (the masks across split edges)
+    if q_len in FULL_Q:  # and unsplit, and merged in 16-row blocks (tokens share a block)
+        configs += [cfg(1, block_h=block_h), cfg(4, block_h=16, merge=True)]
+    for c in configs:
         out = launch_decode_attention(c, *args, scale=0.2)
         ref = check(out, args, scale=0.2)
         # the short request (length max(0, Q - 2)): its tokens 0 and 1 see nothing and get
