@@ -25,20 +25,28 @@ def resolve(op: str, /, **args: Any) -> OpConfig:
     ``op`` is any registered op's name (``kdispatch.op_names()``); for the built-in ops
     see the README.
     """
+    # the serving hot path first: the last entry's guard (an op's serving call: its exact
+    # argument names, so never a call with config=) accepts the call's signature again
+    try:
+        memo = _HOT[op]  # the global dispatcher's memo of ``op``, once it resolved ``op``
+        entry = memo.last
+        if entry.guard(args):  # see Memo
+            entry.calls += 1
+            return entry.config
+    except (KeyError, TypeError):  # op not resolved yet (or a guard refused by raising)
+        memo = _HOT.get(op)
     # config= is popped, not a parameter: a keyword parameter costs every call ~40 ns of
     # matching its five keyword names against it (CPython 3.11/3.12)
     config = args.pop("config", None)
-    if config is None:  # the memo hit, inlined (the serving hot path)
+    if config is None and memo is not None:  # the memo hit by memo key
         try:
-            memo = _HOT[op]  # the global dispatcher's memo of ``op``, once it resolved ``op``
+            mk = memo.memo_key(args)
             entry = memo.last
-            if not entry.guard(args):  # the last call's signature again (see Memo)
-                mk = memo.memo_key(args)
-                if mk != entry.memo_key:
-                    entry = memo.entries[mk]
-                    memo.last = entry
-                elif entry.guard is not _never:  # the key matched but not the guard: renew
-                    entry.guard = memo.memo_guard(args) or entry.guard  # it (where one can be)
+            if mk != entry.memo_key:
+                entry = memo.entries[mk]
+                memo.last = entry
+            elif entry.guard is not _never:  # the key matched but not the guard: renew
+                entry.guard = memo.memo_guard(args) or entry.guard  # it (where one can be)
             entry.calls += 1
             return entry.config
         except (KeyError, TypeError):  # a miss, or an unhashable argument (the slow path
