@@ -24,27 +24,33 @@ except Exception:  # noqa: BLE001 - a torch without it: no fast path
     _TensorGuards = None
 
 
-def _build(tensors: tuple[Any, ...]) -> Callable[..., bool] | None:
+def _build(tensors: tuple[Any, ...], strides: bool = False) -> Callable[..., bool] | None:
     try:
         return _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                             dynamic_dims_strides=[[None] * t.dim() for t in tensors]).check
+                             dynamic_dims_strides=[list(t.stride()) if strides
+                                                   else [None] * t.dim() for t in tensors]
+                             ).check
     except Exception:  # noqa: BLE001 - not tensors, or an API change: no fast path
         return None
 
 
 def _works() -> bool:
     """Whether the check accepts the same signature and refuses another dtype, device
-    type (meta and cpu: both device index -1), shape, rank or tensor type."""
+    type (meta and cpu: both device index -1), shape, rank or tensor type, and (built
+    with strides) another stride."""
     a, b = torch.zeros(2, 3), torch.zeros(4, dtype=torch.int32)
-    check = _build((a, b))
-    if check is None:
+    check, layout = _build((a, b)), _build((a, b), strides=True)
+    if check is None or layout is None:
         return False
     others = [(a.double(), b), (torch.zeros(2, 3, device="meta"), b), (a, b[:3]),
               (a.view(3, 2), b), (a.view(2, 3, 1), b), (a, b.long()), (a, [0, 0, 0, 0]),
               (a.as_subclass(torch.nn.Parameter), b)]
     try:
         same = check(torch.ones(2, 3), torch.ones(4, dtype=torch.int32)) is True
-        return same and not any(check(*o) for o in others)
+        strided = torch.zeros(3, 2).t()  # a's shape, other strides
+        return (same and not any(check(*o) for o in others) and check(strided, b) is True
+                and layout(torch.ones(2, 3), b) is True and layout(strided, b) is False
+                and layout(a, torch.zeros(8, dtype=torch.int32)[::2]) is False)
     except Exception:  # noqa: BLE001 - a check that raises: no fast path (never an import error)
         return False
 
@@ -62,3 +68,13 @@ def shape_guard(*tensors: Any) -> Callable[..., bool] | None:
     if _TensorGuards is None or len({id(t) for t in tensors}) < len(tensors):
         return None
     return _build(tensors)
+
+
+def layout_guard(*tensors: Any) -> Callable[..., bool] | None:
+    """:func:`shape_guard` that also compares strides: True only where each tensor has the
+    Python type, device type and index, dtype, ``requires_grad``, shape and strides of the
+    one given here (not the storage offset or the data pointer: callers compare pointer
+    alignment themselves). None where :func:`shape_guard` would be."""
+    if _TensorGuards is None or len({id(t) for t in tensors}) < len(tensors):
+        return None
+    return _build(tensors, strides=True)
