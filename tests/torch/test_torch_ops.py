@@ -262,10 +262,13 @@ def test_the_fake_implementations_propagate_shapes():
 # -- the cached host path ----------------------------------------------------------------------
 def test_cached_path_revalidates_when_strides_dtype_or_shape_change(dev):
     """The cache keys every tensor's shape, strides, dtype, device and alignment: a call
-    that differs in any of them checks and plans again, and computes the right answer."""
+    that differs in any of them checks and plans again, and computes the right answer.
+    Each signature runs three times (the first plans, the second makes the fast check on
+    a GPU, the third takes it), so each change meets the previous signature's fast
+    check."""
     q, k, v, bt, sl = decode_case(dev, b=2, lens=(20, 33))
     ref = reference_decode_attention(q, k, v, bt, sl, scale=0.25)
-    for _ in range(2):  # the second call of a signature takes the cached path
+    for _ in range(3):  # the second call of a signature takes the cached path
         torch.testing.assert_close(kdispatch.decode_attention(q, k, v, bt, sl, scale=0.25),
                                    ref, atol=2e-4, rtol=2e-4)
     # the same values through a strided q (a view into a wider buffer)
@@ -273,24 +276,46 @@ def test_cached_path_revalidates_when_strides_dtype_or_shape_change(dev):
     wide[..., 16:48] = q
     qs = wide[..., 16:48]
     assert qs.stride() != q.stride()
-    for _ in range(2):
+    for _ in range(3):
         torch.testing.assert_close(kdispatch.decode_attention(qs, k, v, bt, sl, scale=0.25),
                                    ref, atol=2e-4, rtol=2e-4)
     # a cache with other strides: heads-major storage viewed in the [nb, page, h, d] layout
     kt = k.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
     assert kt.stride() != k.stride() and torch.equal(kt, k)
-    for _ in range(2):
+    for _ in range(3):
         torch.testing.assert_close(kdispatch.decode_attention(q, kt, v, bt, sl, scale=0.25),
                                    ref, atol=2e-4, rtol=2e-4)
     # another dtype and another shape
     q16, k16, v16 = q.half(), k.half(), v.half()
     ref16 = reference_decode_attention(q16, k16, v16, bt, sl, scale=0.25)
-    for _ in range(2):
+    for _ in range(3):
         out = kdispatch.decode_attention(q16, k16, v16, bt, sl, scale=0.25)
         assert out.dtype == torch.float16
         torch.testing.assert_close(out.float(), ref16, atol=5e-3, rtol=5e-3)
+    # q at an odd offset (not 16-byte aligned): the same shape and strides
+    buf = torch.empty(q.numel() + 1, device=dev)
+    qm = buf[1:].view(q.shape)
+    qm.copy_(q)
+    assert qm.stride() == q.stride() and qm.data_ptr() % 16
+    for _ in range(3):
+        torch.testing.assert_close(kdispatch.decode_attention(qm, k, v, bt, sl, scale=0.25),
+                                   ref, atol=2e-4, rtol=2e-4)
+    # an out= buffer, then a latent cache whose V is K's leading columns (one pointer),
+    # then a V of the same shape and strides elsewhere
+    o = torch.empty_like(ref)
+    for _ in range(3):
+        kdispatch.decode_attention(q, k, v, bt, sl, scale=0.25, out=o)
+        torch.testing.assert_close(o, ref, atol=2e-4, rtol=2e-4)
+    ql, kl, vl, btl, sll = decode_case(dev, b=2, hq=4, hk=1, dk=48, dv=32, latent=True,
+                                       lens=(20, 33))
+    for v_other in (vl, kl.clone()[..., :32]):
+        refl = reference_decode_attention(ql, kl, v_other, btl, sll, scale=0.25)
+        for _ in range(3):
+            torch.testing.assert_close(
+                kdispatch.decode_attention(ql, kl, v_other, btl, sll, scale=0.25), refl,
+                atol=2e-4, rtol=2e-4)
     q1, bt1, sl1 = q[:1], bt[:1], sl[:1]
-    for _ in range(2):
+    for _ in range(3):
         out = kdispatch.decode_attention(q1, k, v, bt1, sl1, scale=0.25)
         torch.testing.assert_close(out, ref[:1], atol=2e-4, rtol=2e-4)
 
@@ -317,11 +342,17 @@ def test_cached_writer_revalidates_and_counts_its_resolutions(dev):
         rk, rv = reference_kv_write(key, value, kc0, vc0, slots)
         assert torch.equal(kc.float(), rk) and torch.equal(vc.float(), rv)
     assert kdispatch.stats().resolutions - before == 3  # memo hits counted on the fast path
-    # contiguous K/V instead of views into a qkv projection: new signature, right answer
-    kc0, vc0 = kc.clone(), vc.clone()
-    kdispatch.write_kv(key.contiguous(), value.contiguous(), kc, vc, slots)
-    rk, rv = reference_kv_write(key, value, kc0, vc0, slots)
-    assert torch.equal(kc.float(), rk) and torch.equal(vc.float(), rv)
+    # contiguous K/V instead of views into a qkv projection, then a cache of other strides
+    # (heads-major storage): new signatures, right answers, each met first by the
+    # previous signature's fast check (on a GPU)
+    kcs = kc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    for args in ((key.contiguous(), value.contiguous(), kc, vc),
+                 (key.contiguous(), value.contiguous(), kcs, vc)):
+        for _ in range(3):
+            kc0, vc0 = args[2].clone(), vc.clone()
+            kdispatch.write_kv(*args, slots)
+            rk, rv = reference_kv_write(key, value, kc0, vc0, slots)
+            assert torch.equal(args[2].float(), rk) and torch.equal(vc.float(), rv)
     with pytest.raises(ValueError, match="^slot_mapping"):
         kdispatch.write_kv(key, value, kc, vc, slots[:-1])
 
