@@ -102,6 +102,7 @@ def gpu_cases(dev: str) -> dict[str, Case]:
     lat = torch.randn(8, page, 1, 576, device=dev, dtype=bf)
     lv = lat[..., :512]
     key = torch.randn(1, 8, 128, device=dev, dtype=bf)
+    value = torch.randn_like(key)  # K and V distinct, as a serving call passes them
     slot = torch.tensor([3], device=dev)
     gqa_cfg = kdispatch.resolve("decode_attention", q=q, k_cache=kc, v_cache=vc,
                                 block_table=bt, seq_lens=sl)
@@ -119,9 +120,9 @@ def gpu_cases(dev: str) -> dict[str, Case]:
             Case(lambda: kdispatch.decode_attention(ql, lat, lv, bt, sl, scale=0.04)),
         "torch.ops.kdispatch.decode_attention MLA":
             Case(lambda: ops.decode_attention(ql, lat, lv, bt, sl, 0.04)),
-        "write_kv 1 token 8x128": Case(lambda: kdispatch.write_kv(key, key, kc, vc, slot)),
-        "torch.ops.kdispatch.write_kv": Case(lambda: ops.write_kv(key, key, kc, vc, slot)),
-        FLOOR: Case(lambda: noop(key, key, kc, vc, slot)),
+        "write_kv 1 token 8x128": Case(lambda: kdispatch.write_kv(key, value, kc, vc, slot)),
+        "torch.ops.kdispatch.write_kv": Case(lambda: ops.write_kv(key, value, kc, vc, slot)),
+        FLOOR: Case(lambda: noop(key, value, kc, vc, slot)),
         **resolve_cases(q, kc, vc, bt, sl),
     }
 
