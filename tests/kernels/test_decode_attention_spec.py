@@ -92,16 +92,51 @@ def test_heuristic_large_batch_one_split():
     assert SPEC.heuristic(k).num_kv_splits == 1
 
 
-@pytest.mark.parametrize("batch,context,splits", [
-    (4, 262144, 8), (8, 32768, 4), (1, 8192, 16), (64, 8192, 1)])
-def test_gqa_heuristic_is_the_h200_sweeps_best(batch, context, splits):
-    # bench/results/nvidia-h200/session8/h200.sqlite (the full valid space of every preset
-    # key): 128-token tiles at 3 stages, the tuned best's split count at b1 x 8k, b8 x 32k
-    # (bf16 and fp8) and b64 x 8k (unsplit); b4 x 262k within 1% of the best's 16 splits
+@pytest.mark.parametrize("batch,context,splits,pdl", [
+    (4, 262144, 4, False), (8, 32768, 2, False), (1, 8192, 16, True), (64, 8192, 1, False)])
+def test_gqa_heuristic_is_the_h200_sweeps_best(batch, context, splits, pdl):
+    # bench/results/nvidia-h200/session14/h200.sqlite (the full valid space of every preset
+    # key): 128-token tiles at 3 stages (one program per SM), whole waves of them: b8 x 32k
+    # 253.1 us at 2 splits (254.5 at 4), b4 x 262k 974.0 at 4 (976.0 at 8; the best, 8 at 2
+    # stages, 972.7), b64 x 8k unsplit; b1 x 8k at 16 with the reduce launched early (14.4
+    # us against 16.1: a short call, pdl)
     k = key(batch=batch, context=context, num_q_heads=32, num_kv_heads=8, head_dim=128,
             head_dim_v=128)
     assert SPEC.heuristic(k) == DecodeConfig(num_kv_splits=splits, block_n=128, block_h=16,
-                                             num_warps=4, num_stages=3)
+                                             num_warps=4, num_stages=3, pdl=pdl)
+
+
+def test_gqa_early_reduce_only_where_the_device_has_it_and_the_call_is_short():
+    llama = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128)
+    short = key(batch=1, context=8192, **llama)
+    assert SPEC.heuristic(short).pdl and not SPEC.heuristic(key(batch=8, **llama)).pdl
+    for device in ("nvidia-a100", "amd-mi355x"):  # no griddepcontrol: never pdl
+        other = SPEC.key(Device.from_key(device), {**KIMI, **llama, "batch": 1,
+                                                   "context": 8192})
+        assert SPEC.heuristic(other).num_kv_splits > 1 and not SPEC.heuristic(other).pdl
+    # the tuner times the heuristic first and its plain twin right after it
+    cands = list(SPEC.tuning.candidates(short))
+    assert cands[0] == SPEC.heuristic(short)
+    assert cands[1] == SPEC.heuristic(short).model_copy(update={"pdl": False})
+    assert SPEC.tuning.baseline(short) in cands and not SPEC.tuning.baseline(short).pdl
+
+
+def test_gqa_one_program_per_sm_tiles_fill_whole_waves():
+    # a bf16 128-token, 3-stage tile at head dim 128 takes more than half an SM's shared
+    # memory: its split count never leaves a partial wave (132 SMs: 8 kv heads x 16 splits)
+    k = key(batch=1, context=131072, num_q_heads=32, num_kv_heads=8, head_dim=128,
+            head_dim_v=128)
+    assert spec_module.one_per_sm(k, 128, 3) and SPEC.heuristic(k).num_kv_splits == 16
+    # 55 heads do not tile 132 SMs (110 busy): the tile drops to 2 stages, 5 splits
+    mha = key(batch=1, context=4096, num_q_heads=55, num_kv_heads=55, head_dim=96,
+              head_dim_v=96)
+    h = SPEC.heuristic(mha)
+    assert (h.num_kv_splits, h.block_n, h.num_stages) == (5, 128, 2)
+    # fp8 and head dim 64 tiles run several programs per SM: unchanged
+    assert not spec_module.one_per_sm(key(head_dim=128, head_dim_v=128, num_q_heads=32,
+                                          num_kv_heads=8, kv_dtype="float8_e4m3fn"), 128, 3)
+    assert not spec_module.one_per_sm(key(head_dim=64, head_dim_v=64, num_q_heads=32,
+                                          num_kv_heads=8), 128, 3)
 
 
 @pytest.mark.parametrize("device,pdl", [("nvidia-h200", True), ("nvidia-h100", True),
@@ -204,7 +239,7 @@ def test_merge_is_a_candidate_for_split_grids(device):
     ({}, 33, False),                                             # kimi b8: serial merge of 33
     (dict(batch=1, context=65536), 128, False),
     (dict(batch=4, num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128,
-          context=262144), 8, False),                            # GQA keeps the reduce kernel
+          context=262144), 4, False),                            # GQA keeps the reduce kernel
 ])
 def test_heuristic_merges_latent_grids_of_few_splits(kw, splits, merge, monkeypatch):
     # the Triton tiles' rule (128 heads on 16-token pages take the Gluon tile on sm_90)

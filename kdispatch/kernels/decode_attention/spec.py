@@ -36,6 +36,7 @@ SPLIT_OFF_WAVES = 2.0
 #: sweep (bench/results/nvidia-h200/session4/decode_sweep.json, 64-token tile, 3 stages):
 #: b4 x 262k at 8 splits (256 programs) 99.0% of the read ceiling vs 84.5% at 9 (288);
 #: b8 x 32k at 4 splits (256) 92.9% vs 83.9% at 5 (320); b1 x 8k at 16-33 splits 40-41%.
+#: (bf16 tiles of one program per SM fill whole waves of one instead: SMEM_PER_SM)
 GQA_PROGRAMS_PER_SM = 2
 #: minimum BLOCK_N tiles per split, by context bucket: a split's fixed cost is about one
 #: to two tiles (q load, partial store, reduce read), so <4 tiles wastes most of it. H200
@@ -84,6 +85,29 @@ GQA_TWO_STAGES_UNSPLIT_DIM = 64
 #: 32k 95 us at 8 splits vs 113 at 4, b4 x 262k 378 vs 431 at 16 vs 8, b8 x 8k 30 vs 34 at
 #: 8 vs 4 (D=128 fp8 tiles, 128 KB, one per SM, keep GQA_PROGRAMS_PER_SM)
 FP8_DENSE_SMEM = 96 * 1024
+#: shared memory of one SM (Hopper: 228 KB). A bf16 GQA tile of more than half of it runs
+#: one program per SM (sm_90a compiles, tools/compile_check.py: D=128 at 128 tokens x 3
+#: stages 140,288 B, D=256 at 128 x 2 143,872 B; D=64 at 128 x 3 72,704 B, three per SM),
+#: so its split count fills whole waves of one program per SM, as the latent rule does: H200
+#: session 14 (bench/results/nvidia-h200/session14/h200.sqlite), D=128 b1 x 131k 131.0 us
+#: at 16 splits (128 programs) vs 135.6 at 33 and 175.8 at 17; b8 x 8k 70.0 at 2 vs 73.4 at
+#: 4; b8 ouro (16 heads) x 4k 66.7 unsplit vs 71.7 at 2; D=256 b8 x 32k 515.6 at 2 vs 516.7
+#: at 4. (fp8 tiles keep GQA_PROGRAMS_PER_SM: :func:`smem_bytes` counts a converted tile the
+#: compiler does not keep, D=128 fp8 128 x 3 compiles to 107,520 B, two per SM)
+SMEM_PER_SM = 228 * 1024
+#: a one-program-per-SM tile whose whole waves keep fewer than this share of the SMs busy
+#: (a request x head grid that does not tile the SMs) drops to 2 stages, several programs
+#: per SM: session 14 (as sessions 11 and 12), 55 heads x 96 b1 x 4k: 32.6 us at 5 splits,
+#: 2 stages vs 35.1 at 2 splits, 3 stages (110 of 132 SMs busy) and 37.4 at 5, 3 stages
+ONE_PER_SM_MIN_FILL = 7 / 8
+#: GQA/MHA split grids whose cache read is at most this many bytes per SM launch the reduce
+#: early (pdl): it saves 1-2 us of the reduce's launch, 2-11% of such short calls. Session
+#: 14, the heuristic's pdl twin at every key of <= 64 MiB on 132 SMs: 0.889-0.980 of the
+#: heuristic (D=128 b1 x 8k 14.4 vs 16.1 us); above it 0.974-1.036 (bf16 0.97-1.00; fp8
+#: D=256 b8 x 32k 368.7 vs 356.0 us, D=128 b4 x 262k 656.5 vs 644.4). The bound is the
+#: measured side: the next key up, 55 x 96 bf16 b1 x 4k (640 KiB per SM), runs 2 stages
+#: (ONE_PER_SM_MIN_FILL), whose pdl twin no tune has timed
+GQA_PDL_MAX_BYTES_PER_SM = 512 * 1024
 #: Latent (MLA) tiles ``(fp8 cache, up to rows, (block_n, num_warps, num_stages))``, the
 #: first match applies. Timed on the H200: bf16 16 rows at 32 tokens, 4 warps, 3 stages
 #: (v2: kimi b8 x 327,600 830 vs 993 us at 2 stages; 64 tokens 1366 us); 64 rows (128
@@ -308,6 +332,20 @@ def dense_fp8(key: DecodeKey, block_n: int) -> bool:
     return smem_bytes(key, cfg) <= FP8_DENSE_SMEM
 
 
+def one_per_sm(key: DecodeKey, block_n: int, num_stages: int) -> bool:
+    """A bf16 (non-fp8) GQA tile that takes more than half of an SM's shared memory."""
+    if is_fp8(key.kv_dtype) or key.latent:
+        return False
+    cfg = DecodeConfig(block_n=block_n, block_h=16, num_stages=num_stages)
+    return smem_bytes(key, cfg) > SMEM_PER_SM // 2
+
+
+def cache_bytes(key: DecodeKey) -> int:
+    """Bytes of K and V cache the key's call reads (every request at full capacity)."""
+    per_token = key.num_kv_heads * (key.head_dim + key.head_dim_v) * itemsize(key.kv_dtype)
+    return key.batch * key.context * per_token
+
+
 def merges(key: DecodeKey, splits: int) -> bool:
     """Whether a grid of ``splits`` merges in its last stage-1 program (no reduce kernel).
 
@@ -317,9 +355,15 @@ def merges(key: DecodeKey, splits: int) -> bool:
     return key.vendor == "nvidia" and key.latent and 1 < splits <= MERGE_MAX_SPLITS_LATENT
 
 
-def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) -> int:
-    batch = key.batch  # 1 for batch_invariant keys: the count depends on shapes only
-    base = batch * key.num_kv_heads * cdiv(key.rows, block_h)
+def base_programs(key: DecodeKey, block_h: int) -> int:
+    """Programs of one split: requests x kv heads x row blocks (batch 1 for batch_invariant
+    keys, so a split count depends on shapes only)."""
+    return key.batch * key.num_kv_heads * cdiv(key.rows, block_h)
+
+
+def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
+                num_stages: int = 3) -> int:
+    base = base_programs(key, block_h)
     if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
         return 1
     if key.latent:
@@ -330,10 +374,13 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4) 
         splits = max(1, per_sm * key.cu_count // base)
         min_tokens = LATENT_MIN_TOKENS_PER_SPLIT
     else:
-        per_sm = GQA_PROGRAMS_PER_SM * (2 if dense_fp8(key, block_n) else 1)
         tiles = ladder(MIN_TILES_PER_SPLIT_FP8 if is_fp8(key.kv_dtype) else MIN_TILES_PER_SPLIT,
                        key.context)
-        splits = max(1, round(per_sm * key.cu_count / base))
+        if one_per_sm(key, block_n, num_stages):
+            splits = max(1, key.cu_count // base)  # whole waves: no partial wave
+        else:
+            per_sm = GQA_PROGRAMS_PER_SM * (2 if dense_fp8(key, block_n) else 1)
+            splits = max(1, round(per_sm * key.cu_count / base))
         min_tokens = tiles * block_n
     splits = min(splits, max(1, key.context // min_tokens), max_splits_for_budget(key))
     return max(1, splits)
@@ -357,14 +404,21 @@ def heuristic(key: DecodeKey) -> DecodeConfig:
         if block_h >= 64:
             block_n = BLOCK_N_WIDE_HEADS
         warps = 8 if block_h >= 64 else 4
-        splits = split_count(key, block_h, block_n, warps)
+        splits = split_count(key, block_h, block_n, warps, stages)
+        base = base_programs(key, block_h)
+        if (splits > 1 and stages > 2 and one_per_sm(key, block_n, stages)
+                and key.cu_count // base * base < ONE_PER_SM_MIN_FILL * key.cu_count):
+            stages = 2  # the grid does not tile the SMs: several smaller programs per SM
+            splits = split_count(key, block_h, block_n, warps, stages)
         if (splits == 1 and not is_fp8(key.kv_dtype)
                 and p2(key.head_dim) <= GQA_TWO_STAGES_UNSPLIT_DIM):
             stages = 2
-    # pdl stays off: launching the reduce early measured -3..+3% on most H200 shapes and
-    # 9-15% slower at MLA batch 1 with 128-256 splits (session 4d, decode-pdl.json)
+    # pdl: MLA keeps it off (9-15% slower at batch 1 with 128-256 splits: session 4d,
+    # decode-pdl.json); GQA/MHA takes it for short calls (GQA_PDL_MAX_BYTES_PER_SM)
+    pdl = (not key.latent and splits > 1 and pdl_capable(key)
+           and cache_bytes(key) <= GQA_PDL_MAX_BYTES_PER_SM * key.cu_count)
     cfg = DecodeConfig(num_kv_splits=splits, block_n=block_n, block_h=block_h,
-                       num_warps=warps, num_stages=stages, merge=merges(key, splits))
+                       num_warps=warps, num_stages=stages, pdl=pdl, merge=merges(key, splits))
     while not is_valid(key, cfg) and cfg.block_n > 16:
         cfg = cfg.model_copy(update={"block_n": cfg.block_n // 2})
     return cfg

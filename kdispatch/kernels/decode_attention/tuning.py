@@ -83,6 +83,8 @@ class DecodeTuning(OpTuning):
                      h.model_copy(update={"pdl": False, "merge": not h.merge})):
             if twin != h and twin not in chosen and spec.is_valid(key, twin):
                 chosen.insert(1, twin)
+        if h not in chosen:  # a heuristic with the early reduce (short GQA calls) leads, and
+            chosen.insert(0, h)  # its plain twin (the nearest variant above) comes next
         return chosen[:spec.MAX_CANDIDATES]
 
     def make_inputs(self, key: Any, device: Any, seed: int) -> dict[str, Any]:
