@@ -6,6 +6,10 @@
 # configs) A/B against session 14's main at the keys whose config changed; then issue 20's
 # tune time if gap_check.sh is present.
 #   OUT=$OUT bash bench/results/nvidia-h200/session15/call2.sh  # carry [".whl", ".exp/ref-s14"]
+# As run, the "session 14 main" host runs used this tree: tools/bench_host.py puts its own
+# tree first on sys.path, and this script ran ./tools/bench_host.py for both (call 1 ran
+# .exp/ref-s14/tools/bench_host.py). Its five host runs are all this tree, stored as
+# call2-host-1..5.json in the order run; the memo-parts runs did use both trees.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
