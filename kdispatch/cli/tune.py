@@ -104,11 +104,11 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
 
         settings = CompileSettings(workers=compile_workers)
         run = {"budget_minutes": budget_minutes, "seed": seed, "mark_misses": from_misses}
-        ui = _Reporter(console())
         if ray_address is None and is_multi_device(device):
             from kdispatch.tuning.workers import start_devices
 
             with start_devices(device, settings) as started:
+                ui = _Reporter(console())  # rich, once the workers are starting
                 from kdispatch.tuning import parallel
 
                 runs, results = parallel.tune_devices(
@@ -120,6 +120,7 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
         if ray_address is not None:  # each task compiles its own kernels at launch
             from kdispatch.tuning import ray_runner
 
+            ui = _Reporter(console())
             runs, results = ray_runner.tune_cluster(
                 device, ray_address or None, shards, max_retries, open_store(db),
                 _plan(names, op_list, from_misses, cap, mode, budget_minutes), run, ui)
@@ -127,6 +128,7 @@ def tune(device: str, ray_address: str | None, shards: int | None, max_retries: 
         # the interpreter, on a cpu device, compiles nothing ahead
         interpreter = device.strip().lower() in ("cpu", "interpreter", "cpu-interpreter")
         with open_pool(settings, interpreter=interpreter) as pool:
+            ui = _Reporter(console())  # rich, once the pool is starting
             from kdispatch.tuning import parallel, sweep
             from kdispatch.tuning.devices import input_budget
             from kdispatch.tuning.estimate import SpaceRule

@@ -10,12 +10,17 @@ is fitted around it, so compiling overlaps timing instead of preceding it:
 - :meth:`CompileAhead.own` describes the key about to be timed if it was not described yet
   (its inputs are kept for the sweep);
 - :meth:`CompileAhead.ready` waits for one candidate's own kernels (moving them to the
-  front of the queue), and while it waits it describes the next keys;
+  front of the queue); while it waits, and only while fewer of this process's kernels are
+  queued or compiling than the pool has processes, it describes the next keys, checking
+  before each one that the candidate's kernels are not done yet;
 - :meth:`CompileAhead.top_up` describes one more key before a candidate when fewer of this
   process's kernels are queued or compiling than the pool has processes.
 
 So the keys are submitted in timing order, a candidate waits only for its own kernels, and
-the pool keeps compiling later keys while earlier ones are timed. Workers sharing one pool
+the pool keeps compiling later keys while earlier ones are timed. Describing is the timing
+process's own work and cannot be cut short (a large key's inputs can take a second to
+make): a wait describes what keeps the pool busy, not every key it could, so a candidate
+whose kernels are done starts at once instead of after a describe the pool did not need. Workers sharing one pool
 (``--device all``) feed it each key once, in the shared key order (``first`` in
 :meth:`CompileAhead.plan`), and each describes the keys it claims for timing itself (the
 pool compiles a kernel once, whoever asked first). A worker claims the keys it described
@@ -283,8 +288,17 @@ class CompileAhead:
 
     def ready(self, key_index: int, digest: str, deadline: float | None = None,
               on_wait: Callable[[], None] | None = None) -> Ready:
-        """Wait until the candidate's kernels are compiled (or failed, or skipped),
-        describing later keys for the pool meanwhile."""
+        """Wait until the candidate's kernels are compiled (or failed, or skipped).
+
+        While it waits it describes later keys for the pool, one at a time, but only
+        while fewer of this process's kernels are queued or compiling than the pool has
+        processes (the pool would otherwise run dry), and never once the candidate's own
+        kernels are done: their readiness is checked before each describe. A describe
+        cannot be cut short (making a large key's inputs can take a second), so one
+        started for a pool that is busy anyway only delays this candidate; the keys not
+        described here are described by :meth:`top_up` as the pool drains, or at their
+        turn (:meth:`own`).
+        """
         ids = self._ids.get((key_index, digest))
         if not ids or self.pool is None:
             return Ready("go")
@@ -307,11 +321,15 @@ class CompileAhead:
                 if on_wait is not None and time.monotonic() - shown >= POLL_S:
                     on_wait()
                     shown = time.monotonic()
-                if self.feed(deadline):  # the wait describes later keys for the pool
+                if self._backlog() < self.workers:  # the pool is running dry
                     got = self.pool.wait(ids, timeout=0)
-                else:
-                    got = self.pool.wait(ids, timeout=POLL_S if left is None
-                                         else min(POLL_S, left))
+                    if len(got) >= need:
+                        break  # done meanwhile: no describe in the candidate's way
+                    if self.feed(deadline):
+                        got = self.pool.wait(ids, timeout=0)
+                        continue
+                got = self.pool.wait(ids, timeout=POLL_S if left is None
+                                     else min(POLL_S, left))
         finally:
             self._open.difference_update(got)
             self.stats.wait_s += time.monotonic() - t0 - (self.stats.describe_s - described)

@@ -1,13 +1,17 @@
-"""Tuning devices: the interpreter or a GPU, and the check that kernels match the mode."""
+"""Tuning devices: the interpreter or a GPU, and the check that kernels match the mode.
+
+Light on purpose (no torch, no pydantic until a device is resolved): the CLI asks it how
+many devices a run has before it starts the compile pool, which should start at once."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kdispatch.device import Device
-from kdispatch.opdef import Op
+if TYPE_CHECKING:
+    from kdispatch.device import Device
+    from kdispatch.opdef import Op
 
 
 class TuningError(RuntimeError):
@@ -75,6 +79,8 @@ def resolve_device(name: str) -> tuple[Device, Any]:
     interpreter device and never mix with a GPU's.
     """
     import torch
+
+    from kdispatch.device import Device
 
     name = name.strip().lower()
     if name in ("cpu", "interpreter", "cpu-interpreter"):

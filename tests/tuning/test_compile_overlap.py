@@ -14,13 +14,18 @@ import time
 from collections import Counter
 
 import pytest
+import torch
 
 import fakecompile
 import fakeops
 from kdispatch.device import Device
-from kdispatch.store import Store
+from kdispatch.registry import get_op
+from kdispatch.store import Store, digest
 from kdispatch.tuning import parallel, sweep
+from kdispatch.tuning.ahead import CompileAhead
 from kdispatch.tuning.compile_pool import CompilePool
+from kdispatch.tuning.plan import candidate_list
+from kdispatch.tuning.precompile import Outcome
 from kdispatch.tuning.jobs import FED, DeviceGroup, GroupRun
 
 KEYS_N = (64, 256, 1024)  # the fake preset's keys, in the order they are timed
@@ -118,14 +123,19 @@ def test_the_first_key_is_timed_while_later_keys_still_compile(store, logs, monk
 def test_a_key_that_cannot_be_described_ahead_is_described_at_its_turn(store, logs,
                                                                        monkeypatch):
     """No device memory for the next key's inputs beside the current key's: that key is
-    described when its turn comes, and its candidates still wait for their own kernels."""
+    described when its turn comes, and its candidates still wait for their own kernels.
+
+    The pool has a process more than a key has kernels, so it asks for the later keys
+    before the first key's candidates run (a busier pool would be fed them only as it
+    drains, maybe not before their turn, where inputs that cannot be made leave the key
+    to the JIT)."""
     monkeypatch.setenv("KD_FAKE_INPUTS_SLEEP", "0.3")
     monkeypatch.setenv("KD_FAKE_COMPILE_SLEEP", "0.1")
     dev, tdev = sweep.resolve_device("cpu")
     targets, _ = sweep.plan(dev, ["fake"])
     fakecompile.MADE.clear()
     fakecompile.OOM_ONCE.update(KEYS_N[1:])
-    with CompilePool(1, compiler=fakecompile.COMPILER) as pool:
+    with CompilePool(N_CANDS + 1, compiler=fakecompile.COMPILER) as pool:
         sweep.tune(targets, device=dev, torch_device=tdev, store=store, precompile=pool,
                    target=fakecompile.TARGET)
     assert not fakecompile.OOM_ONCE  # both were tried ahead first
@@ -185,3 +195,72 @@ def test_a_keys_reference_is_computed_while_its_kernels_compile(store, logs, mon
     _check_rows_and_order(store, compiles, _runs(logs[1]))
     first = KEYS_N[0]
     assert refs[first] < min(e for (n, _), (_, e) in compiles.items() if n == first)
+
+
+# -- what a candidate's wait describes ------------------------------------------------------------
+class _Pool:
+    """A pool of ``workers`` processes, without processes: every kernel submitted is done
+    once ``polls`` waits with a timeout have passed (0: at once)."""
+
+    def __init__(self, workers, polls=0):
+        self.workers, self.polls = workers, polls
+        self.items = {}
+
+    def submit(self, items):
+        self.items.update(items)
+
+    def prioritize(self, ids):
+        pass
+
+    def wait(self, ids, timeout=None):
+        if timeout and self.polls:
+            self.polls -= 1
+        if self.polls:
+            return {}
+        return {v: Outcome("compiled") for v in ids if v in self.items}
+
+    def stats(self):
+        return None
+
+
+def _first_turn(pool):
+    """The fake preset's keys planned for ``pool``, key 0 described at its turn; the
+    compile-ahead side and key 0's first candidate's digest."""
+    dev, _ = sweep.resolve_device("cpu")
+    targets, _ = sweep.plan(dev, ["fake"])
+    work = []
+    for ki, t in enumerate(targets):
+        op = get_op(t.op)
+        key = op.parse_key(t.key)
+        work.append((ki, op, key, [(digest(c.model_dump(mode="json")), c)
+                                   for c, _ in candidate_list(op, key)]))
+    ahead = CompileAhead(pool, fakecompile.TARGET, torch.device("cpu"), workers=pool.workers)
+    ahead.plan(work)
+    fakecompile.MADE.clear()
+    ahead.own(0)
+    assert fakecompile.MADE == [KEYS_N[0]] and len(pool.items) == N_CANDS
+    return ahead, work[0][3][0][0]
+
+
+def test_a_candidate_whose_kernels_are_done_starts_without_describing_a_later_key():
+    ahead, first = _first_turn(_Pool(workers=4 * N_CANDS))  # a pool that would run dry
+    assert ahead.ready(0, first).status == "go"
+    assert fakecompile.MADE == [KEYS_N[0]]
+
+
+def test_a_wait_describes_no_later_key_while_the_pool_is_busy():
+    """Key 0's 7 kernels keep a pool of 2 processes busy: the wait describes nothing (a
+    describe would only start the candidate late)."""
+    pool = _Pool(workers=2, polls=3)
+    ahead, first = _first_turn(pool)
+    assert ahead.ready(0, first).status == "go" and pool.polls == 0
+    assert fakecompile.MADE == [KEYS_N[0]] and len(pool.items) == N_CANDS
+
+
+def test_a_wait_describes_a_later_key_when_the_pool_would_run_dry():
+    """A pool of 8 processes with key 0's 7 kernels would run dry: the wait describes key 1,
+    whose kernels keep it busy, and no more."""
+    pool = _Pool(workers=N_CANDS + 1, polls=1)
+    ahead, first = _first_turn(pool)
+    assert ahead.ready(0, first).status == "go"
+    assert fakecompile.MADE == list(KEYS_N[:2]) and len(pool.items) == 2 * N_CANDS

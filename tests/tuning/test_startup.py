@@ -108,6 +108,26 @@ def test_the_early_start_modules_import_neither_torch_nor_the_database():
     assert r.stdout.strip() == "[]"
 
 
+def test_one_gpu_tune_starts_its_compile_pool_before_any_heavy_import():
+    """The pool's processes start while the CLI imports torch, the database, pydantic and
+    rich (the pool's creation ends the run here: no GPU is needed)."""
+    code = ("import sys\n"
+            "from kdispatch.tuning import compile_pool\n"
+            "def created(self, *args, **kwargs):\n"
+            "    print(sorted(m for m in ('torch', 'sqlalchemy', 'pydantic', 'rich', 'triton')"
+            " if m in sys.modules))\n"
+            "    raise SystemExit(0)\n"
+            "compile_pool.CompilePool.__init__ = created\n"
+            "from kdispatch.cli import main\n"
+            "main(['tune', '--device', 'cuda:0', '--preset', 'smoke'])\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
 def reports_then_lingers(events, seconds):
     """A worker that reported its result, then takes ``seconds`` to exit."""
     events.put(("done", 0, {"measured": 3}))
