@@ -53,8 +53,12 @@ class KVWriteTuning(OpTuning):
         (never zero) pre-filled caches, unique random slots including the first and last
         slot of the cache; with masking, some negative slots, a random row mask and an
         active-row count below ``tokens``. Into an fp8 cache: random per-tensor scales that
-        map the rows' +-1.25 to +-[500, 625], so the largest values saturate (at 448)."""
+        map the rows' +-1.25 to +-[500, 625], so the largest values saturate (at 448).
+
+        The rows and caches are drawn on ``device`` (on the host, a 16,384-token key's
+        cost ~1.5 s of the tuner's serial work); slots, masks and scales on the host."""
         gen = torch.Generator(device="cpu").manual_seed(seed)
+        dgen = torch.Generator(device=device).manual_seed(seed)
         dtype = torch_dtype(key.dtype)
         cache_dtype = torch_dtype(key.kv_dtype)
         num_tokens, num_heads, head_dim = key.tokens, key.num_kv_heads, key.head_dim
@@ -64,8 +68,8 @@ class KVWriteTuning(OpTuning):
         num_slots = num_blocks * page
 
         def rand(*shape: int) -> torch.Tensor:
-            x = torch.rand(*shape, generator=gen) * 2 - 1
-            return (x + torch.where(x >= 0, 0.25, -0.25)).to(dtype).to(device)
+            x = torch.rand(*shape, generator=dgen, device=device) * 2 - 1
+            return (x + torch.where(x >= 0, 0.25, -0.25)).to(dtype)
 
         qkv = rand(num_tokens, 3 * hd)
         key_t = qkv[:, hd:2 * hd].view(num_tokens, num_heads, head_dim)
