@@ -56,5 +56,40 @@ def _register() -> None:
 
 _register()
 
+
+def run() -> None:
+    """The ``kdispatch`` executable: :func:`main`, then a quick exit once torch is loaded.
+
+    A command that imported torch (a tune, a resolve) has done its work when it returns:
+    its databases are closed (:class:`_Main`) and its output is flushed here. The
+    interpreter's own teardown with torch, Triton and a CUDA context loaded then takes
+    0.5-1 s of the command's wall time (the tune's workers skip it the same way), so the
+    process ends with ``os._exit`` and the command's exit code. Without torch loaded it
+    exits normally."""
+    import logging
+    import os
+    import sys
+
+    try:
+        main.main(prog_name="kdispatch")
+        code: Any = 0
+    except SystemExit as exc:
+        code = exc.code
+    if "torch" not in sys.modules:
+        raise SystemExit(code)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, exit code 1
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing left to write to
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover - python -m kdispatch.cli
-    main()
+    run()

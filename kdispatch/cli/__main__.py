@@ -1,5 +1,5 @@
 """``python -m kdispatch.cli``."""
 
-from kdispatch.cli import main
+from kdispatch.cli import run
 
-main()
+run()
