@@ -26,7 +26,7 @@ TRITON_CACHE_DIR=/tmp/gap-describe-cache timeout 150 python3 $HERE/describe_cost
   --device cuda:0 > $OUT/gap-describe-cost.txt 2>&1
 echo "rc $?"; sort -k4 -n -r $OUT/gap-describe-cost.txt | grep -E "^ *[0-9]+ " | head -4
 tail -1 $OUT/gap-describe-cost.txt
-if [ "${OLD_WAIT:-1}" = "1" ]; then RUNS="new old new old"; else RUNS="new new"; fi
+if [ -n "${RUNS_OVERRIDE:-}" ]; then RUNS="new old"; elif [ "${OLD_WAIT:-1}" = "1" ]; then RUNS="new old new old"; else RUNS="new new"; fi
 i=0
 for wait in $RUNS; do
   i=$((i + 1))
