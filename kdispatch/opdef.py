@@ -252,6 +252,10 @@ class OpTuning(ABC):
 
     #: which ceiling a report sets the op's bandwidth against: "read" or "copy"
     ceiling: ClassVar[str] = "read"
+    #: time this op's keys before other ops' keys of a tune (set by ops whose kernels
+    #: compile in a fraction of a second: the GPU starts timing while the compile pool
+    #: works on the larger kernels of the keys after them)
+    time_first: ClassVar[bool] = False
 
     @abstractmethod
     def candidates(self, key: Any) -> Iterable[OpConfig]:

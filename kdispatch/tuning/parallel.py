@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from kdispatch.device import Device
+from kdispatch.registry import get_op
 from kdispatch.tuning import sweep
 from kdispatch.tuning.ahead import CompileSettings
 from kdispatch.tuning.devices import TuningError, is_multi_device, parse_devices
@@ -121,6 +122,8 @@ def plan_targets(store: Any, device: Device, presets: Sequence[str], ops: Sequen
         have = {(t.op, json.dumps(t.key, sort_keys=True)) for t in targets}
         targets += [t for t in more if (t.op, json.dumps(t.key, sort_keys=True)) not in have]
         notes += miss_notes
+    # ops that ask to be timed first (small kernels), then the rest, each in plan order
+    targets.sort(key=lambda t: not getattr(get_op(t.op).tuning, "time_first", False))
     if max_candidates is not None:
         targets = [dataclasses.replace(t, max_candidates=max_candidates) for t in targets]
     elif space is not None:

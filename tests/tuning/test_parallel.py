@@ -370,3 +370,22 @@ def test_groups_of_warm_workers_claim_keys_in_their_own_slice_of_one_register():
     fed = parallel.claimer(claims, FED, offset=3)
     assert fed(1) and not fed(1) and g1(1)  # fed ahead, then still claimable for timing
     assert list(claims[:5]) == [1, 0, 0, 1, 3]
+
+
+def test_ops_that_ask_to_be_timed_first_lead_the_plan(tmp_path):
+    """The writer's keys (kernels that compile in a fraction of a second) are timed before
+    decode's, each op's keys in preset order: the GPU starts while the pool compiles the
+    decode kernels."""
+    from kdispatch.tuning.plan import plan
+
+    s = Store(f"sqlite:///{tmp_path / 'order.sqlite'}")
+    dev = Device.from_key("nvidia-h200")
+    planned, _ = plan(dev, ["llama3-8b"])
+    targets, _ = parallel.plan_targets(s, dev, ["llama3-8b"], None)
+    ops = [t.op for t in targets]
+    first_decode = ops.index("decode_attention")
+    assert set(ops[:first_decode]) == {"kv_write"} and "kv_write" not in ops[first_decode:]
+    assert sorted(targets, key=lambda t: planned.index(t)) == planned  # same keys
+    for op in ("kv_write", "decode_attention"):
+        assert [t for t in targets if t.op == op] == [t for t in planned if t.op == op]
+    assert planned[0].op == "decode_attention"  # the preset itself lists decode first
