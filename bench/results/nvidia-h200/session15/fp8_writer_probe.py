@@ -10,7 +10,11 @@ Variants (a program writes BLOCK_H heads of one token; 4 warps):
   quantization chain instead of two in sequence;
 - ``noclamp``: no explicit clamp before the cast (sm_90's cvt.rn.satfinite saturates to
   +-448 and keeps NaN: the same bytes);
-- ``split+noclamp``.
+- ``split+noclamp``;
+and, for timing only (not the same bytes, so not bit-checked), what the quantization's parts
+cost: ``castonly`` (no scale: the cast alone), ``mulonly`` (the loaded scale multiplied in,
+no reciprocal), ``nofallback`` (the reciprocal as a plain fp32 division and the corrected
+product, without the exact division's fallback branch and its out-of-line slow path).
 
     PYTHONPATH=$PWD python3 bench/results/nvidia-h200/session15/fp8_writer_probe.py \
         --out $OUT/fp8-writer-probe.json
@@ -33,14 +37,20 @@ FP8 = torch.float8_e4m3fn
 
 
 @triton.jit
-def _q(x, scale_ptr, CLAMP: tl.constexpr):
-    scale = tl.load(scale_ptr)
-    inv = tl.math.div_rn(1.0, scale)
+def _q(x, scale_ptr, CLAMP: tl.constexpr, MODE: tl.constexpr):
     y = x.to(tl.float32)
-    if (tl.abs(scale) >= 2.350988701644575e-38) & (tl.abs(scale) <= 4.253529586511731e+37):
-        y = _div_by(y, scale, inv)
-    else:
-        y = tl.math.div_rn(y, scale)
+    if MODE == 1:  # mulonly
+        y = y * tl.load(scale_ptr)
+    elif MODE == 2:  # nofallback
+        scale = tl.load(scale_ptr)
+        y = _div_by(y, scale, 1.0 / scale)
+    elif MODE == 0:  # exact (kdispatch's)
+        scale = tl.load(scale_ptr)
+        inv = tl.math.div_rn(1.0, scale)
+        if (tl.abs(scale) >= 2.350988701644575e-38) & (tl.abs(scale) <= 4.253529586511731e+37):
+            y = _div_by(y, scale, inv)
+        else:
+            y = tl.math.div_rn(y, scale)
     if CLAMP:
         y = tl.clamp(y, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
     return y.to(tl.float8e4nv, fp_downcast_rounding="rtne")
@@ -51,7 +61,8 @@ def _probe(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, num_slots,
            stride_kt, stride_kh, stride_vt, stride_vh, stride_kcb, stride_kcp, stride_kch,
            stride_vcb, stride_vcp, stride_vch,
            NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-           BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, CLAMP: tl.constexpr):
+           BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, CLAMP: tl.constexpr,
+           MODE: tl.constexpr):
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
     h = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
@@ -69,11 +80,11 @@ def _probe(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, num_slots,
     if do_k:
         k = tl.load(k_ptr + (h * stride_kh)[:, None] + d[None, :])
         tl.store(kc_ptr + (blk * stride_kcb + off * stride_kcp + h * stride_kch)[:, None]
-                 + d[None, :], _q(k, ks_ptr, CLAMP), mask=ok)
+                 + d[None, :], _q(k, ks_ptr, CLAMP, MODE), mask=ok)
     if do_v:
         v = tl.load(v_ptr + (h * stride_vh)[:, None] + d[None, :])
         tl.store(vc_ptr + (blk * stride_vcb + off * stride_vcp + h * stride_vch)[:, None]
-                 + d[None, :], _q(v, vs_ptr, CLAMP), mask=ok)
+                 + d[None, :], _q(v, vs_ptr, CLAMP, MODE), mask=ok)
 
 
 def probe_write(variant, key, value, kc, vc, slot, ks, vs, block_h):
@@ -83,7 +94,12 @@ def probe_write(variant, key, value, kc, vc, slot, ks, vs, block_h):
                  key.stride(0), key.stride(1), value.stride(0), value.stride(1),
                  kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1),
                  vc.stride(2), NUM_HEADS=16, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_H=block_h,
-                 SPLIT=split, CLAMP="noclamp" not in variant, num_warps=4, launch_pdl=True)
+                 SPLIT=split, CLAMP="noclamp" not in variant,
+                 MODE=MODES.get(variant.split("+")[-1], 0), num_warps=4, launch_pdl=True)
+
+
+#: timing-only modes of the quantization (see the module docstring); 3: the cast alone
+MODES = {"mulonly": 1, "nofallback": 2, "castonly": 3}
 
 
 def steps(n, dtype, gen):
@@ -162,6 +178,9 @@ def main():
         for bh in block_hs:
             cases[f"probe {var} block_h={bh}"] = (
                 lambda var=var, bh=bh: [probe_write(var, *st, bh) for st in fp8])
+    for var in ("castonly", "mulonly", "nofallback", "split+castonly", "split+nofallback"):
+        cases[f"probe {var} block_h=4 (timing only)"] = (
+            lambda var=var: [probe_write(var, *st, 4) for st in fp8])
     res = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, fn in cases.items():
