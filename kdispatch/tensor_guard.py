@@ -65,9 +65,7 @@ def shape_guard(*tensors: Any) -> Callable[..., bool] | None:
     tensor given here at its place (strides are not compared, nor contents). It holds no
     reference to the tensors. None where torch has no such check, ``tensors`` are not all
     tensors, or one is given twice (torch's check refuses a tensor seen twice in a call)."""
-    if _TensorGuards is None or len({id(t) for t in tensors}) < len(tensors):
-        return None
-    return _build(tensors)
+    return _guard(tensors, strides=False)
 
 
 def layout_guard(*tensors: Any) -> Callable[..., bool] | None:
@@ -75,6 +73,10 @@ def layout_guard(*tensors: Any) -> Callable[..., bool] | None:
     Python type, device type and index, dtype, ``requires_grad``, shape and strides of the
     one given here (not the storage offset or the data pointer: callers compare pointer
     alignment themselves). None where :func:`shape_guard` would be."""
+    return _guard(tensors, strides=True)
+
+
+def _guard(tensors: tuple[Any, ...], strides: bool) -> Callable[..., bool] | None:
     if _TensorGuards is None or len({id(t) for t in tensors}) < len(tensors):
         return None
-    return _build(tensors, strides=True)
+    return _build(tensors, strides)

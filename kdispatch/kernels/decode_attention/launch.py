@@ -421,6 +421,13 @@ def _ptrs(out: Any, k_scale: Any, v_scale: Any) -> int:
             else k_scale.data_ptr()) | (0 if v_scale is None else v_scale.data_ptr()))
 
 
+def _scalars_ok(scale: Any, logit_cap: Any) -> bool:
+    """Whether a cached launch may take these scalars (anything else goes to the first
+    call's checks, which name the argument)."""
+    return (isinstance(scale, float | int) and math.isfinite(scale)
+            and isinstance(logit_cap, float | int) and 0.0 <= logit_cap < math.inf)
+
+
 def _fast_check(e: _Entry, tensors: tuple[Any, ...], options: tuple[Any, ...],
                 device: int) -> None:
     """Give ``e`` one C++ check of the call's tensors (type, device, dtype, shape and
@@ -457,9 +464,7 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
         bp, sp, dev = block_table.data_ptr(), seq_lens.data_ptr(), e.device
         if ((qp | kp | vp | bp | sp | _ptrs(out, k_scale, v_scale)) & 15
                 or e.options != (sliding_window, logit_cap > 0, batch_invariant, vp == kp)
-                or not (isinstance(scale, float | int) and math.isfinite(scale)
-                        and isinstance(logit_cap, float | int)
-                        and 0.0 <= logit_cap < math.inf)):
+                or not _scalars_ok(scale, logit_cap)):
             raise LookupError
     except Exception:  # noqa: BLE001 - no fast entry, another call, or not tensors
         e = None       # (a tensor given twice: torch's check raises): the signature path
@@ -477,9 +482,7 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
                    tensor_sig(k_scale), tensor_sig(v_scale), sliding_window, logit_cap > 0,
                    batch_invariant, None if config is None else id(config))
             e = _CACHE.get(sig)
-            scalars_ok = (isinstance(scale, float | int) and math.isfinite(scale)
-                          and isinstance(logit_cap, float | int)
-                          and 0.0 <= logit_cap < math.inf)
+            scalars_ok = _scalars_ok(scale, logit_cap)
         except (AttributeError, TypeError):  # not tensors, or an unhashable argument
             e, sig, scalars_ok = None, None, False
         if (e is None or not scalars_ok or e.dispatcher is not _dispatch._DISPATCHER

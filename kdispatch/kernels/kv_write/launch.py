@@ -204,7 +204,7 @@ _CACHE: dict[Any, _Entry] = {}
 _FAST: _Entry | None = None
 
 
-def _fast_check(e: _Entry, tensors: tuple[Any, ...], device: int) -> bool:
+def _fast_check(e: _Entry, tensors: tuple[Any, ...], device: int) -> None:
     """Give ``e`` one C++ check of the call's tensors (type, device, dtype, shape, strides:
     what its signature holds besides pointer alignment, which the fast path compares
     itself) and make it the fast path's entry. Only for entries with a direct launch and
@@ -213,10 +213,8 @@ def _fast_check(e: _Entry, tensors: tuple[Any, ...], device: int) -> bool:
     if e.fast is None:
         e.fast = layout_guard(*tensors) or False
         e.scaled, e.device = len(tensors) == 7, device
-    if e.fast is False:
-        return False
-    _FAST = e
-    return True
+    if e.fast is not False:
+        _FAST = e
 
 
 def write_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
