@@ -88,6 +88,17 @@ class Shape:
         return self.name.removesuffix("-fp8").removesuffix("-q2")
 
 
+def length_twin(s: Shape) -> Shape:
+    """``s`` with the other length profile: ragged around half the context (every request
+    at most the context, so the dispatch key is the same) or every request at full
+    context."""
+    if s.mean:
+        return Shape(s.name + "-full", s.batch, s.hq, s.hk, s.dk, s.dv, s.context, s.kv,
+                     s.q_len, s.page, 0)
+    return Shape(s.name + "-rag", s.batch, s.hq, s.hk, s.dk, s.dv, s.context, s.kv, s.q_len,
+                 s.page, s.context // 2)
+
+
 def variants(base: list[Shape], kvs: tuple[str, ...], q_lens: tuple[int, ...]) -> list[Shape]:
     """Every base shape with each cache dtype in ``kvs``; MLA shapes also with each query
     length in ``q_lens`` (BENCHMARKING.md: fp8 rows, and 2-token rows for MLA)."""
@@ -334,6 +345,11 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=1e9, help="stop starting shapes after s")
     ap.add_argument("--kv", default="bf16,fp8", help="cache dtypes: bf16, fp8 or both")
     ap.add_argument("--q-len", default="1,2", help="query tokens per request (MLA rows)")
+    ap.add_argument("--twins", action="store_true",
+                    help="also each shape's length twin: ragged lengths around half the "
+                         "context for a full-context shape (-rag), full context for a "
+                         "ragged one (-full); same candidates, so a config's cost on one "
+                         "length profile can be read against the other's best")
     args = ap.parse_args()
     t0 = time.time()
     dev = Device.from_torch("cuda")
@@ -342,6 +358,8 @@ def main() -> None:
     wanted = [w for w in args.shapes.split(",") if w]
     base = [s for s in shapes() if not wanted or any(w in s.name for w in wanted)]
     todo = variants(base, tuple(args.kv.split(",")), tuple(int(q) for q in args.q_len.split(",")))
+    if args.twins:
+        todo = [t for s in todo for t in (s, length_twin(s))]
     rows: list[Row] = []
     skipped = []
     for s in todo:
