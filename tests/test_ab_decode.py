@@ -15,7 +15,7 @@ def test_two_trees_alternate_and_report_a_ratio_per_case_and_config(tmp_path):
     out = tmp_path / "ab.json"
     cfg = '{"num_kv_splits": 2, "block_n": 16, "block_h": 16, "num_warps": 4, "num_stages": 1}'
     res = subprocess.run([sys.executable, str(TOOL), "--cpu", "--ref-path", str(ROOT),
-                          "--case", "gqa:2,4,2,32,32,40", "--case", "mla8:1,4,1,48,32,33,fp8",
+                          "--case", "gqa:3,4,2,32,32,40,rag", "--case", "mla8:1,4,1,48,32,33,fp8",
                           "--config", "heuristic", "--config", cfg, "--rounds", "2",
                           "--reps", "1", "--out", str(out)],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -39,3 +39,18 @@ def test_a_malformed_case_names_itself(bad):
         sys.path.pop(0)
     with pytest.raises(ValueError, match="--case"):
         parse_case(bad)
+
+
+def test_a_ragged_case_draws_lengths_within_its_context():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from ab_decode import case_inputs, parse_case
+    finally:
+        sys.path.pop(0)
+    import torch
+
+    case = parse_case("r:64,4,2,32,32,100,rag")
+    assert case["ragged"] and not parse_case("u:64,4,2,32,32,100")["ragged"]
+    sl = case_inputs(case, torch.device("cpu"))[4]
+    assert sl.min() >= 1 and sl.max() <= 100 and len(set(sl.tolist())) > 10
+    assert torch.equal(sl, case_inputs(case, torch.device("cpu"))[4])  # seeded

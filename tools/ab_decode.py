@@ -5,7 +5,7 @@ never against another session's file (two H200s differed by 6% at one MLA config
 session 7). Each side runs in its own child process whose ``PYTHONPATH`` puts that tree's
 ``kdispatch`` first; the sides alternate for ``--rounds`` rounds (A B, B A, ...) and every
 child times the same configs on the same seeded inputs (bf16 or fp8 caches, every request
-at full context, a permuted page table), checks each output against the fp32 reference,
+at full context or ragged, a permuted page table), checks each output against the fp32 reference,
 and reports per-call medians of CUDA-graph replays. The summary is the median over rounds
 of each side and their ratio.
 
@@ -18,8 +18,10 @@ history) and carry it::
         --config '{"num_kv_splits": 1, "block_n": 64, "block_h": 16, "num_warps": 4,
                    "num_stages": 2}'                       # or "heuristic" (each side's own)
 
-A case is ``name:batch,q_heads,kv_heads,head_dim,head_dim_v,context[,fp8][,q2]``; a latent
-case (kv_heads 1, head_dim > head_dim_v) passes ``v_cache = k_cache[..., :head_dim_v]``.
+A case is ``name:batch,q_heads,kv_heads,head_dim,head_dim_v,context[,fp8][,q2][,rag]``; a
+latent case (kv_heads 1, head_dim > head_dim_v) passes ``v_cache = k_cache[..., :head_dim_v]``;
+``rag``: ragged lengths drawn from N(context / 2, context / 4) in [1, context] (the table
+stays ``context`` wide, as a serving batch's does).
 ``--cpu`` runs both sides in the Triton interpreter on tiny cases (checks the plumbing; its
 times mean nothing).
 """
@@ -47,18 +49,19 @@ def parse_case(text: str) -> dict:
         b, hq, hk, dk, dv, ctx = (int(x) for x in parts[:6])
         flags = set(parts[6:])
     except ValueError as exc:
-        raise ValueError(f"--case {text!r}: expected name:b,hq,hk,dk,dv,ctx[,fp8][,q2]") from exc
-    unknown = flags - {"fp8", "q2"}
+        raise ValueError(f"--case {text!r}: expected name:b,hq,hk,dk,dv,ctx[,fp8][,q2][,rag]"
+                         ) from exc
+    unknown = flags - {"fp8", "q2", "rag"}
     if unknown:
         raise ValueError(f"--case {text!r}: unknown flags {sorted(unknown)}")
     return {"name": name, "batch": b, "hq": hq, "hk": hk, "dk": dk, "dv": dv, "context": ctx,
-            "fp8": "fp8" in flags, "q_len": 2 if "q2" in flags else 1}
+            "fp8": "fp8" in flags, "q_len": 2 if "q2" in flags else 1, "ragged": "rag" in flags}
 
 
 def case_inputs(case: dict, dev) -> tuple:
     """``(q, k_cache, v_cache, block_table, seq_lens, scales)`` of a case on ``dev``: seeded,
     bf16 or fp8 caches (``scales`` then holds ``k_scale``/``v_scale``), every request at
-    full context, a permuted page table; drawn on the device (GB-sized caches)."""
+    full context (or ragged: ``rag``), a permuted page table; drawn on the device (GB-sized caches)."""
     import torch
 
     from kdispatch.kernels._common import quantize_fp8
@@ -85,6 +88,11 @@ def case_inputs(case: dict, dev) -> tuple:
     bt = torch.randperm(nb, generator=g, device=dev)[:case["batch"] * pages].view(
         case["batch"], pages).to(torch.int32)
     sl = torch.full((case["batch"],), case["context"], dtype=torch.int32, device=dev)
+    if case.get("ragged"):  # N(context / 2, context / 4) in [1, context], seeded by the shape
+        gl = torch.Generator().manual_seed(case["batch"] * 100003 + case["context"])
+        x = torch.normal(case["context"] / 2, case["context"] / 4, (case["batch"],),
+                         generator=gl)
+        sl = x.round().clamp(1, case["context"]).to(torch.int32).to(dev)
     return q, k, v, bt, sl, scales
 
 
@@ -175,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref-path", type=Path, help="the reference tree (holds kdispatch/)")
     ap.add_argument("--cur-path", type=Path, default=ROOT, help="the tree under test")
-    ap.add_argument("--case", action="append", default=[], help="name:b,hq,hk,dk,dv,ctx[,fp8][,q2]")
+    ap.add_argument("--case", action="append", default=[],
+                    help="name:b,hq,hk,dk,dv,ctx[,fp8][,q2][,rag]")
     ap.add_argument("--config", action="append", default=[],
                     help='a DecodeConfig as JSON, or "heuristic" (default)')
     ap.add_argument("--rounds", type=int, default=3)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 16, call 2 (one H200): the balanced split grid. Every GPU test, then a same-run
+# Session 16, call 2 (one H200), on branch balance-grid: the balanced split grid. Every GPU test, then a same-run
 # A/B of the heuristic configs against session 15's kernels (.exp/ref-s16 =
 # `git archive 0c0377b kdispatch tools`), no tables on either side, on full-context and
 # ragged lengths (N(context/2, context/4)).

@@ -25,10 +25,10 @@ def main(path: str) -> None:
             continue
         full, rag = allt[fname], allt[rname]
         common = set(full) & set(rag)
-        bf = min(common, key=lambda c: full[c][0])
-        br = min(common, key=lambda c: rag[c][0])
+        bf = min(common, key=lambda c: full[c])
+        br = min(common, key=lambda c: rag[c])
         h = heur.get(rname)
-        hr = rag[h][0] / rag[br][0] if h in rag else float("nan")
+        hr = rag[h] / rag[br] if h in rag else float("nan")
 
         def short(c):
             d = json.loads(c)
@@ -36,8 +36,8 @@ def main(path: str) -> None:
                     f" st{d['num_stages']}{' m' if d.get('merge') else ''}"
                     f"{' pdl' if d.get('pdl') else ''}{' gl' if d.get('kernel') == 'gluon' else ''}")
         print(f"{name:40s} {short(bf):>40s} {short(br):>40s} "
-              f"{rag[bf][0] / rag[br][0]:8.3f} {full[br][0] / full[bf][0]:8.3f} {hr:8.3f}"
-              f"   ({rag[br][0]:.1f} us ragged best, {full[bf][0]:.1f} us full best)")
+              f"{rag[bf] / rag[br]:8.3f} {full[br] / full[bf]:8.3f} {hr:8.3f}"
+              f"   ({rag[br]:.1f} us ragged best, {full[bf]:.1f} us full best)")
 
 
 if __name__ == "__main__":
