@@ -61,7 +61,8 @@ def parse_case(text: str) -> dict:
 def case_inputs(case: dict, dev) -> tuple:
     """``(q, k_cache, v_cache, block_table, seq_lens, scales)`` of a case on ``dev``: seeded,
     bf16 or fp8 caches (``scales`` then holds ``k_scale``/``v_scale``), every request at
-    full context (or ragged: ``rag``), a permuted page table; drawn on the device (GB-sized caches)."""
+    full context (or ragged: ``rag``), a permuted page table; drawn on the device (GB-sized
+    caches)."""
     import torch
 
     from kdispatch.kernels._common import quantize_fp8

@@ -30,7 +30,7 @@ import math
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -93,10 +93,8 @@ def length_twin(s: Shape) -> Shape:
     at most the context, so the dispatch key is the same) or every request at full
     context."""
     if s.mean:
-        return Shape(s.name + "-full", s.batch, s.hq, s.hk, s.dk, s.dv, s.context, s.kv,
-                     s.q_len, s.page, 0)
-    return Shape(s.name + "-rag", s.batch, s.hq, s.hk, s.dk, s.dv, s.context, s.kv, s.q_len,
-                 s.page, s.context // 2)
+        return replace(s, name=s.name + "-full", mean=0)
+    return replace(s, name=s.name + "-rag", mean=s.context // 2)
 
 
 def variants(base: list[Shape], kvs: tuple[str, ...], q_lens: tuple[int, ...]) -> list[Shape]:
@@ -110,8 +108,7 @@ def variants(base: list[Shape], kvs: tuple[str, ...], q_lens: tuple[int, ...]) -
             for kv in kvs:
                 suffix = ("-q2" if q_len == 2 else f"-q{q_len}" if q_len > 1 else "") + (
                     "-fp8" if kv == "fp8" else "")
-                out.append(Shape(s.name + suffix, s.batch, s.hq, s.hk, s.dk, s.dv, s.context,
-                                 kv, q_len, s.page, s.mean))
+                out.append(replace(s, name=s.name + suffix, kv=kv, q_len=q_len))
     return out
 
 
