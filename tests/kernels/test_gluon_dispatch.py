@@ -61,7 +61,7 @@ def test_pages_of_16_and_32_tokens_fit_the_64_token_tile(page):
     g = plan(spec.gluon_config(4), 3, 16, 576, page, 1, 512, True, False, False, False, 2, True,
              gluon=True)
     assert g.constexprs["PAGE"] == page and g.constexprs["BLOCK_N"] == 64
-    assert g.reduce_constexprs["BLOCK_N"] == 64 and g.grid == (1, 4, 3)
+    assert g.reduce_constexprs["BLOCK_N"] == 64 and g.grid == (1, 3, 4)
 
 
 @pytest.mark.parametrize("change, gluon", [
@@ -87,7 +87,7 @@ def test_the_gluon_plan_orders_rows_as_the_triton_latent_tile(hq, q_len, q4d):
     t = plan(spec.DecodeConfig(num_kv_splits=splits, block_n=64, block_h=64, num_warps=8,
                                num_stages=2), b, hq, 576, 64, 1, 512, True, False, False,
              False, q_len, q4d)
-    assert g.gluon and g.grid == t.grid == (-(-q_len * hq // 64), splits, b)
+    assert g.gluon and g.grid == t.grid == (-(-q_len * hq // 64), b, splits)
     assert g.partials_shape == t.partials_shape == (b, hq * q_len, splits, 512)
     assert g.out_shape == t.out_shape
     assert g.constexprs["QLEN"] == q_len and g.reduce_constexprs["QLEN"] == q_len
@@ -167,7 +167,7 @@ def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_
     sl = torch.tensor([129, 65], dtype=torch.int32)
     cfg = spec.gluon_config(2)
     p = checked_plan(cfg, q, k, v, bt, sl, None, 0.0)
-    assert not p.gluon and p.latent and p.grid == (-(-q_len * hq // 64), 2, b)
+    assert not p.gluon and p.latent and p.grid == (-(-q_len * hq // 64), b, 2)
     out = launch_decode_attention(cfg, q, k, v, bt, sl, scale=576 ** -0.5)
     ref = reference_decode_attention(q, k, v, bt, sl, scale=576 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -58,7 +58,7 @@ def test_small_pages_are_page_row_boxes_of_a_64_token_tile(page):
     assert ped.base.data_ptr() == kv.data_ptr() + 512 * 2
     po, pl = torch.empty(3, 128, 2, 512), torch.empty(3, 128, 2)
     grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, 2, po, pl)
-    assert kw["PAGE"] == page and kw["BLOCK_N"] == 64 and grid == (2, 2, 3)
+    assert kw["PAGE"] == page and kw["BLOCK_N"] == 64 and grid == (2, 3, 2)
     assert args[9] == bt.shape[1] * page and args[10] == 5  # max_len, num_pages
     # a padded row stride (pages still packed) is one descriptor stride
     wide = torch.zeros(5, page, 1, 640, dtype=torch.bfloat16)[..., :576]
@@ -82,11 +82,11 @@ def test_rows_of_several_tokens_are_one_view_in_request_token_head_order():
     pl = torch.empty(b, t * h, s)
     grid, _, kw = G.stage1_launch_args(q, kv, torch.zeros(b, 2, dtype=torch.int32),
                                           torch.ones(b, dtype=torch.int32), 0.1, s, po, pl)
-    assert grid == (1, s, b) and kw["QLEN"] == t
+    assert grid == (1, b, s) and kw["QLEN"] == t
     grid, _, kw = G.stage1_launch_args(torch.zeros(b, 4, 128, 576, dtype=torch.bfloat16), kv,
                                        torch.zeros(b, 2, dtype=torch.int32),
                                        torch.ones(b, dtype=torch.int32), 0.1, s, po, pl)
-    assert grid == (8, s, b) and kw["QLEN"] == 4
+    assert grid == (8, b, s) and kw["QLEN"] == 4
 
 
 def test_compiles_for_sm90a_without_spills():

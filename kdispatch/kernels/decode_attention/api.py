@@ -50,7 +50,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     logit_cap : float
         ``cap * tanh(s / cap)`` on the scores when > 0.
     batch_invariant : bool
-        Make the split count independent of the batch size.
+        Make every request's result independent of its batch: the split count is that of
+        a batch of one, and each request cuts its own length into it. Off (the default),
+        a batch of ragged lengths runs on a balanced split grid: requests longer than the
+        batch's mean get more programs, so every program holds about the same work (on
+        the H200 0.68-0.89x the time of per-request splits at lengths spread around half
+        the table's width), and a request's bits may depend on the other lengths.
     config : DecodeConfig or mapping, optional
         Skip resolution and launch this config (it must be valid for the call's key).
     k_scale, v_scale : float32 Tensor ``[1]`` or ``[]``, optional

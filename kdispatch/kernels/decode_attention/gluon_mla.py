@@ -123,12 +123,25 @@ def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred,
 
 
 @gluon.jit
+def _mean_len(SL, max_len, batch, num_warps: gl.constexpr):
+    """The batch's mean clamped length, rounded up (the Triton kernels' ``_mean_live``
+    without a window)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    offs = gl.arange(0, 256, layout=layout)
+    total = gl.zeros([256], gl.int64, layout=layout)
+    for i in range(0, batch, 256):
+        n = gl.load(SL + i + offs, mask=i + offs < batch, other=0)
+        total += gl.minimum(gl.maximum(n, 0), max_len).to(gl.int64)
+    return gl.cdiv(gl.sum(total, 0), batch).to(gl.int32)
+
+
+@gluon.jit
 def _gluon_mla_stage1(
     q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL,
     qk_scale, max_len, num_pages, heads,
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
-    DV: gl.constexpr, DPE: gl.constexpr, num_warps: gl.constexpr,
+    DV: gl.constexpr, DPE: gl.constexpr, GRID_SPLITS: gl.constexpr, num_warps: gl.constexpr,
     QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64,
 ):
     gl.static_assert(num_warps == 8)
@@ -136,8 +149,8 @@ def _gluon_mla_stage1(
     gl.static_assert(BLOCK_N == 64)
     gl.static_assert(BLOCK_N % PAGE == 0)
     pid_h = gl.program_id(0)
-    split = gl.program_id(1)
-    b = gl.program_id(2)
+    b = gl.program_id(1)
+    split = gl.program_id(2)
 
     # scores: each warpgroup 32 of the 64 token columns; output: each 256 of the 512
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -153,12 +166,17 @@ def _gluon_mla_stage1(
     zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
 
     # the request's token range of this split: _split_range with BLOCK_N = 64 (from
-    # seq_len: with QLEN > 1 the rows' own ends only mask)
+    # seq_len: with QLEN > 1 the rows' own ends only mask), balanced as it is
     seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
-    chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, GRID_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    if GRID_SPLITS > NUM_KV_SPLITS:
+        mean = _mean_len(SL, max_len, gl.num_programs(1), num_warps)
+        chunk = gl.maximum(chunk, gl.cdiv(gl.cdiv(mean, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N)
     start = split * chunk
     end = gl.minimum(start + chunk, seq_len)
     n_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    if split > 0 and n_tiles == 0:  # an empty split: leaves before its TMA setup
+        return
     bt_row = BT + b * stride_btb
     oob_row = num_pages * PAGE  # a copy from here on is all out of bounds: zeros, no read
 
@@ -315,10 +333,14 @@ def descriptors(q, kv_cache):
             TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [page, DPE], lay), q2)
 
 
-def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl):
+def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
+                       grid_splits=None):
     """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
-    ``(cdiv(QLEN * H, 64), splits, B)``, partials ``po`` ``[B, QLEN * H, splits, 512]``
-    and ``pl`` ``[B, QLEN * H, splits]`` (row ``head * QLEN + token``)."""
+    ``(cdiv(QLEN * H, 64), B, grid_splits)``, partials ``po``
+    ``[B, QLEN * H, grid_splits, 512]`` and ``pl`` ``[B, QLEN * H, grid_splits]`` (row
+    ``head * QLEN + token``); ``grid_splits`` (default ``num_kv_splits``) above
+    ``num_kv_splits`` balances ragged lengths."""
+    grid_splits = grid_splits or num_kv_splits
     b, t, h, _ = q_dims(q)
     page = kv_cache.shape[1]
     qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
@@ -326,5 +348,6 @@ def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits,
             block_table.shape[1] * page, kv_cache.shape[0], h, block_table.stride(0),
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": page, "DV": DV,
-          "DPE": DPE, "num_warps": NUM_WARPS, "QLEN": t, "BLOCK_N": BLOCK_N}
-    return (-(-(t * h) // BLOCK_H), num_kv_splits, b), args, kw
+          "DPE": DPE, "num_warps": NUM_WARPS, "QLEN": t, "BLOCK_N": BLOCK_N,
+          "GRID_SPLITS": grid_splits}
+    return (-(-(t * h) // BLOCK_H), b, grid_splits), args, kw

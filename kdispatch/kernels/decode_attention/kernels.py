@@ -39,8 +39,13 @@ With ``MERGE`` there is no reduce kernel: after storing its partial, each stage-
 takes a ticket from an arrival counter of its (request, row block) (zeroed per call); the
 program that arrives last merges every split's partials, in split order, into the output.
 
-Split boundaries depend only on the request's own live length and the config, so a
-request's bits do not depend on what it is batched with. A page id outside
+The grid is (kv head x row block, request, split): the split is the slowest axis, so every
+request's first splits launch before any request's later ones, and a program whose split
+holds no tokens leaves before its loads (split 0 stays: it writes an empty request's
+zeros). With ``GRID_SPLITS == NUM_KV_SPLITS`` split boundaries depend only on the
+request's own live length and the config, so a request's bits do not depend on what it is
+batched with; a balanced grid (``GRID_SPLITS > NUM_KV_SPLITS``, see :func:`_split_range`)
+trades that for work spread evenly over ragged lengths. A page id outside
 ``[0, num_blocks)`` is never read: here the rows of its tokens point at ``KZ``, a row of
 zeros in the cache dtype (the latent stage 1 does so at its 64-row tiles and masks those
 loads at narrower ones: fewer instructions there), and their scores are -inf, so they
@@ -61,22 +66,46 @@ import triton.language as tl
 
 
 @triton.jit
-def _split_range(SL, b, stride_sl, window, max_len, split,
+def _mean_live(SL, stride_sl, window, max_len, batch,
+               SLIDING: tl.constexpr, QLEN: tl.constexpr):
+    """The batch's mean live length (rounded up): every request's clamped length, less
+    what its first new token's window drops, summed over the ``batch`` requests."""
+    offs = tl.arange(0, 128)
+    total = tl.zeros([128], dtype=tl.int64)
+    for i in range(0, batch, 128):
+        n = tl.load(SL + (i + offs) * stride_sl, mask=i + offs < batch, other=0)
+        n = tl.minimum(tl.maximum(n, 0), max_len)
+        if SLIDING:
+            n = tl.minimum(n, QLEN - 1 + window)
+        total += n.to(tl.int64)
+    return tl.cdiv(tl.sum(total, 0), batch).to(tl.int32)
+
+
+@triton.jit
+def _split_range(SL, b, stride_sl, window, max_len, split, batch,
                  NUM_KV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-                 QLEN: tl.constexpr):
+                 QLEN: tl.constexpr, GRID_SPLITS: tl.constexpr):
     """``(seq_len, live, chunk, start, end)`` of request ``b``'s split ``split``.
 
     The length is clamped to [0, the page table's capacity] (a bad length never reads
     past the table); ``live`` tokens (from the first new token's window start, when
-    sliding) are cut into ``NUM_KV_SPLITS`` chunks of whole ``BLOCK_N`` tiles; trailing
-    splits may be empty.
+    sliding) are cut into chunks of whole ``BLOCK_N`` tiles; trailing splits may be empty.
+    With ``GRID_SPLITS == NUM_KV_SPLITS`` a request's chunks are its live length over the
+    split count (its bits do not depend on its batch). A balanced grid
+    (``GRID_SPLITS > NUM_KV_SPLITS``) cuts every request into chunks no shorter than the
+    batch's mean live length over ``NUM_KV_SPLITS``, in up to ``GRID_SPLITS`` splits: a
+    request twice the mean gets twice the programs, and every busy program holds about
+    the same work.
     """
     seq_len = tl.minimum(tl.maximum(tl.load(SL + b * stride_sl), 0), max_len)
     lo = seq_len * 0
     if SLIDING:
         lo = tl.maximum(seq_len - (QLEN - 1) - window, 0)
     live = seq_len - lo
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(live, GRID_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+    if GRID_SPLITS > NUM_KV_SPLITS:
+        mean = _mean_live(SL, stride_sl, window, max_len, batch, SLIDING, QLEN)
+        chunk = tl.maximum(chunk, tl.cdiv(tl.cdiv(mean, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N)
     start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
     return seq_len, live, chunk, start, end
@@ -241,10 +270,11 @@ def _scores_scale(s, qk_scale, cap, LOGIT_CAP: tl.constexpr):
 def _merge_if_last(CNT, PO, PL, O, b, pid_h, prow, o_off, r_mask, n_valid,
                    stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-                   NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+                   SPLITS_P2: tl.constexpr):
     """Count this program's split in; the last of its (request, row block) merges them all.
 
-    Called after the program stored its partial. The barrier orders every thread's stores
+    Called after the program stored its partial, by every program of a non-empty split
+    and by split 0 (``n_valid`` of them at least one). The barrier orders every thread's stores
     before the counter's release; the acquiring atomic (one thread, result broadcast
     through a barrier) orders the last program's reads after every other program's
     stores. Partials are read from L2 (``.cg``) in split order, so the merged bits do not
@@ -252,7 +282,7 @@ def _merge_if_last(CNT, PO, PL, O, b, pid_h, prow, o_off, r_mask, n_valid,
     """
     tl.debug_barrier()
     ticket = tl.atomic_add(CNT + b * stride_cnt + pid_h, 1, sem="acq_rel", scope="gpu")
-    if ticket == NUM_KV_SPLITS - 1:
+    if ticket == tl.maximum(n_valid, 1) - 1:
         tl.debug_barrier()
         pl = PL + b * stride_plb + prow * stride_plh
         offs_s = tl.arange(0, SPLITS_P2)
@@ -295,18 +325,21 @@ def _decode_stage1(
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     QLEN: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALED: tl.constexpr,
-    F16_DOTS: tl.constexpr, ASM_CVT: tl.constexpr,
+    F16_DOTS: tl.constexpr, ASM_CVT: tl.constexpr, GRID_SPLITS: tl.constexpr,
 ):
     if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
         tl.extra.cuda.gdc_launch_dependents()
     pid_h = tl.program_id(0)
-    split = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < DV
 
-    seq_len, live, chunk, start, end = _split_range(SL, b, stride_sl, window, max_len, split,
-                                                    NUM_KV_SPLITS, BLOCK_N, SLIDING, QLEN)
+    seq_len, live, chunk, start, end = _split_range(
+        SL, b, stride_sl, window, max_len, split, tl.num_programs(1), NUM_KV_SPLITS, BLOCK_N,
+        SLIDING, QLEN, GRID_SPLITS)
+    if split > 0 and start >= end:  # an empty split: nothing to store, no ticket to take
+        return
     kvh, r_mask, q_off, o_off, prow, row_end, row_lo = _tile_rows(
         pid_h, b, seq_len, window, stride_qb, stride_qt, stride_qh, stride_ob, stride_ot,
         stride_oh, GROUP, BLOCK_H, HEAD_BLOCKS, QLEN, SLIDING)
@@ -378,7 +411,7 @@ def _decode_stage1(
         if MERGE:
             _merge_if_last(CNT, PO, PL, O, b, pid_h, prow, o_off, r_mask, tl.cdiv(live, chunk),
                            stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb,
-                           stride_plh, DV, BLOCK_H, BLOCK_C, NUM_KV_SPLITS, SPLITS_P2)
+                           stride_plh, DV, BLOCK_H, BLOCK_C, SPLITS_P2)
 
 
 @triton.jit
@@ -389,12 +422,14 @@ def _decode_reduce(
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
     SLIDING: tl.constexpr, USE_PDL: tl.constexpr, QLEN: tl.constexpr,
+    GRID_SPLITS: tl.constexpr,
 ):
     row = tl.program_id(0)  # head * QLEN + token
     d_blk = tl.program_id(1)
     b = tl.program_id(2)
-    _, live, chunk, _, _ = _split_range(SL, b, stride_sl, window, max_len, 0, NUM_KV_SPLITS,
-                                        BLOCK_N, SLIDING, QLEN)
+    _, live, chunk, _, _ = _split_range(SL, b, stride_sl, window, max_len, 0,
+                                        tl.num_programs(2), NUM_KV_SPLITS, BLOCK_N, SLIDING,
+                                        QLEN, GRID_SPLITS)
     n_valid = tl.cdiv(live, chunk)  # splits that hold tokens; the rest were never written
     if USE_PDL:  # seq_lens predate stage 1; its partials are readable after the wait
         tl.extra.cuda.gdc_wait()

@@ -124,7 +124,7 @@ def _decode_stage1_latent(
     UPCAST: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     QLEN: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALED: tl.constexpr,
-    F16_DOTS: tl.constexpr, ASM_CVT: tl.constexpr,
+    F16_DOTS: tl.constexpr, ASM_CVT: tl.constexpr, GRID_SPLITS: tl.constexpr,
 ):
     """Stage 1 for a shared latent (``SHARED_KV``) with ``DV == BLOCK_D``: the latent as halves.
 
@@ -140,12 +140,15 @@ def _decode_stage1_latent(
     if USE_PDL:  # the reduce may launch now; it waits for this grid before reading
         tl.extra.cuda.gdc_launch_dependents()
     pid_h = tl.program_id(0)
-    split = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
     offs_c = tl.arange(0, HALF)
 
-    seq_len, live, chunk, start, end = _split_range(SL, b, stride_sl, window, max_len, split,
-                                                    NUM_KV_SPLITS, BLOCK_N, SLIDING, QLEN)
+    seq_len, live, chunk, start, end = _split_range(
+        SL, b, stride_sl, window, max_len, split, tl.num_programs(1), NUM_KV_SPLITS, BLOCK_N,
+        SLIDING, QLEN, GRID_SPLITS)
+    if split > 0 and start >= end:  # an empty split: nothing to store, no ticket to take
+        return
     kvh, r_mask, q_off, o_off, prow, row_end, row_lo = _tile_rows(
         pid_h, b, seq_len, window, stride_qb, stride_qt, stride_qh, stride_ob, stride_ot,
         stride_oh, GROUP, BLOCK_H, HEAD_BLOCKS, QLEN, SLIDING)
@@ -215,4 +218,4 @@ def _decode_stage1_latent(
         if MERGE:
             _merge_if_last(CNT, PO, PL, O, b, pid_h, prow, o_off, r_mask, tl.cdiv(live, chunk),
                            stride_cnt, stride_pob, stride_poh, stride_pos, stride_plb,
-                           stride_plh, DV, BLOCK_H, BLOCK_C, NUM_KV_SPLITS, SPLITS_P2)
+                           stride_plh, DV, BLOCK_H, BLOCK_C, SPLITS_P2)

@@ -28,7 +28,7 @@ from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, q_r
                                                           stage1_launch_args)
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
 from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE_SIZES,
-                                                     gluon_config)
+                                                     gluon_config, grid_splits)
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
@@ -89,7 +89,8 @@ class Plan:
 
 def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, shared: bool,
          q_float32: bool, sliding: bool, capped: bool, q_len: int = 1, q4d: bool = False,
-         kv_fp8: bool = False, scaled: bool = False, gluon: bool = False) -> Plan:
+         kv_fp8: bool = False, scaled: bool = False, gluon: bool = False,
+         table_tokens: int = 0, balance: bool = False) -> Plan:
     """Kernel choice, grids, constexprs and workspace of ``config`` at these shapes.
 
     ``q_len`` new tokens per request (``q4d``: q and out are 4-D); a tile's rows are the
@@ -97,9 +98,15 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     dequantized in the kernel (with the scale tensors when ``scaled``) into fp16 dots
     (``F16_DOTS``, interpreter included: it does fp16 dots right) unless q is fp32.
     ``gluon``: stage 1 is the Gluon kernel, which always writes partials for the reduce.
+    ``balance``: a balanced split grid (:func:`spec.grid_splits` over ``table_tokens``, the
+    block table's width in tokens) for a batch of more than one request whose stage 1
+    writes partials, except the Triton latent stage 1's 64-row tile (the length scan made
+    ptxas spill 264-268 bytes there).
     """
     if gluon:
-        return _gluon_plan(config, b, hq, dv, q_len, q4d, page)
+        g = (grid_splits(int(config.num_kv_splits), b, hq * q_len, dv, table_tokens,
+                         int(config.block_n)) if balance and b > 1 else 0)
+        return _gluon_plan(config, b, hq, dv, q_len, q4d, page, g)
     group = hq // hk
     block_h = int(config.block_h)
     head_blocks = triton.cdiv(q_len * group, block_h)
@@ -110,6 +117,9 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     pdl = bool(config.pdl) and not direct
     merge = bool(config.merge) and not direct
     latent = shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV
+    g = splits
+    if balance and b > 1 and not direct and not (latent and block_h >= 64):
+        g = grid_splits(splits, b, hq * q_len, dv, table_tokens, int(config.block_n))
     constexprs = dict(
         GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d,
         BLOCK_DPE=max(16, _p2(dpe)) if dpe > 0 else 0, BLOCK_N=int(config.block_n),
@@ -117,31 +127,33 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
         LOGIT_CAP=capped, UPCAST=interpreting() and not q_float32 and not kv_fp8,
         DIRECT=direct,
         PREC="ieee" if q_float32 else "tf32", USE_PDL=pdl, MERGE=merge,
-        BLOCK_C=min(block_d, 128), SPLITS_P2=_splits_p2(splits), QLEN=q_len, KV_FP8=kv_fp8,
+        BLOCK_C=min(block_d, 128), SPLITS_P2=_splits_p2(g), QLEN=q_len, KV_FP8=kv_fp8,
         KV_SCALED=kv_fp8 and scaled, F16_DOTS=kv_fp8 and not q_float32,
-        ASM_CVT=kv_fp8 and not q_float32 and not interpreting() and not torch.version.hip)
+        ASM_CVT=kv_fp8 and not q_float32 and not interpreting() and not torch.version.hip,
+        GRID_SPLITS=g)
     if not latent:
         constexprs["SHARED_KV"] = shared
     reduce = (dict(reduce_grid=None, reduce_constexprs=None, reduce_options=None)
-              if direct or merge else _reduce_plan(config, b, hq, dv, q_len, sliding, pdl))
+              if direct or merge else _reduce_plan(config, b, hq, dv, q_len, sliding, pdl, g))
     return Plan(
-        latent=latent, grid=(hk * head_blocks, splits, b), constexprs=constexprs,
+        latent=latent, grid=(hk * head_blocks, b, g), constexprs=constexprs,
         options={"num_warps": int(config.num_warps), "num_stages": int(config.num_stages)},
         **reduce, out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
-        partials_shape=None if direct else (b, hq * q_len, splits, dv),
+        partials_shape=None if direct else (b, hq * q_len, g, dv),
         counters_shape=(b, hk * head_blocks) if merge else None,
         log2e_scale=1.0 if capped else LOG2E, capped=capped)
 
 
 def _reduce_plan(config: Any, b: int, hq: int, dv: int, q_len: int, sliding: bool,
-                 pdl: bool) -> dict[str, Any]:
+                 pdl: bool, g: int) -> dict[str, Any]:
     """The :class:`Plan` fields (``reduce_grid``, ``reduce_constexprs``, ``reduce_options``)
-    of the reduce that merges ``config``'s split partials."""
+    of the reduce that merges ``config``'s split partials (``g`` of them per row)."""
     splits = int(config.num_kv_splits)
     block_dv, reduce_warps = reduce_shape(hq, dv)
     constexprs = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_N=int(config.block_n),
-                      NUM_KV_SPLITS=splits, SPLITS_P2=_splits_p2(splits),
-                      SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=sliding, USE_PDL=pdl, QLEN=q_len)
+                      NUM_KV_SPLITS=splits, SPLITS_P2=_splits_p2(g),
+                      SPLIT_CHUNK=REDUCE_SPLIT_CHUNK, SLIDING=sliding, USE_PDL=pdl, QLEN=q_len,
+                      GRID_SPLITS=g)
     options = {"num_warps": reduce_warps, "num_stages": 2}
     if pdl:
         options["launch_pdl"] = True
@@ -150,18 +162,21 @@ def _reduce_plan(config: Any, b: int, hq: int, dv: int, q_len: int, sliding: boo
 
 
 def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
-                page: int = 64) -> Plan:
+                page: int = 64, g: int = 0) -> Plan:
     """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
-    latent tile orders them; 64-token tiles of ``64 // page`` cache pages) and the reduce."""
+    latent tile orders them; 64-token tiles of ``64 // page`` cache pages) and the reduce,
+    over ``g`` grid splits (0: the config's count)."""
     splits = int(config.num_kv_splits)
+    g = g or splits
     return Plan(
-        latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), splits, b),
+        latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), b, g),
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
-                        PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n)),
+                        PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n),
+                        GRID_SPLITS=g),
         options={"num_warps": int(config.num_warps)},
-        **_reduce_plan(config, b, hq, dv, q_len, False, False),
+        **_reduce_plan(config, b, hq, dv, q_len, False, False, g),
         out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
-        partials_shape=(b, hq * q_len, splits, dv), counters_shape=None, log2e_scale=LOG2E,
+        partials_shape=(b, hq * q_len, g, dv), counters_shape=None, log2e_scale=LOG2E,
         capped=False, gluon=True)
 
 
@@ -254,7 +269,8 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     po, pl, cnt = _workspace(p, q)
     if p.gluon:
         _, args, _ = stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
-                                        p.constexprs["NUM_KV_SPLITS"], po, pl)
+                                        p.constexprs["NUM_KV_SPLITS"], po, pl,
+                                        p.constexprs["GRID_SPLITS"])
         out_launches = [KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs, p.options)]
     else:
         zeros = zero_row(k_cache, v_cache) if zeros is None else zeros
@@ -324,7 +340,8 @@ def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                  sliding_window: Any, logit_cap: float, k_scale: Any = None) -> Plan:
+                  sliding_window: Any, logit_cap: float, k_scale: Any = None,
+                  batch_invariant: bool = False) -> Plan:
     split = config.num_kv_splits > 1
     if split and bool(config.pdl) and bool(config.merge):
         raise ValueError("config: pdl and merge exclude each other (merge launches no reduce)")
@@ -342,7 +359,7 @@ def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     return plan(config, b, hq, dk, page, hk, v_cache.shape[3], shares_latent(k_cache, v_cache),
                 q.dtype == torch.float32, sliding_window is not None, logit_cap > 0,
                 q_len, q.dim() == 4, k_cache.dtype in FP8_TORCH_DTYPES,
-                k_scale is not None, gluon)
+                k_scale is not None, gluon, block_table.shape[1] * page, not batch_invariant)
 
 
 def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
@@ -350,12 +367,13 @@ def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                      *, scale: float, out: torch.Tensor | None = None,
                      sliding_window: int | None = None, logit_cap: float = 0.0,
                      k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> list[KernelLaunch]:
+                     v_scale: torch.Tensor | None = None,
+                     batch_invariant: bool = False) -> list[KernelLaunch]:
     """What :func:`launch_decode_attention` would launch, as data (nothing runs)."""
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
                logit_cap, k_scale, v_scale)
     p = checked_plan(config, q, k_cache, v_cache, block_table, seq_lens, sliding_window,
-                     logit_cap, k_scale)
+                     logit_cap, k_scale, batch_invariant)
     return launches(p, q, k_cache, v_cache, block_table, seq_lens,
                     q.new_empty(p.out_shape) if out is None else out, scale, logit_cap,
                     int(sliding_window or 0), k_scale, v_scale)
@@ -367,17 +385,19 @@ def launch_decode_attention(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                             out: torch.Tensor | None = None,
                             sliding_window: int | None = None,
                             logit_cap: float = 0.0, k_scale: torch.Tensor | None = None,
-                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                            v_scale: torch.Tensor | None = None,
+                            batch_invariant: bool = False) -> torch.Tensor:
     """Run decode attention with an explicit config (no dispatch, no caching).
 
     Parameters are those of :func:`kdispatch.decode_attention`; ``config`` is a
     ``DecodeConfig`` (``num_kv_splits``, ``block_n``, ``block_h``, ``num_warps``,
-    ``num_stages``, ``pdl``, ``merge``).
+    ``num_stages``, ``pdl``, ``merge``). ``batch_invariant`` keeps each request's splits
+    its own (no balanced grid), as the public function's flag does.
     """
     check_call(q, k_cache, v_cache, block_table, seq_lens, scale, out, sliding_window,
                logit_cap, k_scale, v_scale)
     p = checked_plan(config, q, k_cache, v_cache, block_table, seq_lens, sliding_window,
-                     logit_cap, k_scale)
+                     logit_cap, k_scale, batch_invariant)
     if out is None:
         out = q.new_empty(p.out_shape)
     _launch_jit(p, q, k_cache, v_cache, block_table, seq_lens, out, scale, logit_cap,
@@ -542,7 +562,7 @@ def _first_call(sig: Any, q: Any, k_cache: Any, v_cache: Any, block_table: Any,
             "batch_invariant": batch_invariant}
     cfg, resolved = d.resolve_entry(OP_NAME, args, config)
     p = checked_plan(cfg, q, k_cache, v_cache, block_table, seq_lens, sliding_window,
-                     logit_cap, k_scale)
+                     logit_cap, k_scale, batch_invariant)
     o = q.new_empty(p.out_shape) if out is None else out
     window = int(sliding_window or 0)
     zeros = None if p.gluon else zero_row(k_cache, v_cache)  # the Gluon stage 1 reads none

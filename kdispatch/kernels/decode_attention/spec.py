@@ -286,6 +286,24 @@ def max_splits_for_budget(key: DecodeKey) -> int:
     return max(1, min(MAX_SPLITS, WORKSPACE_BUDGET // per_split))
 
 
+#: a balanced split grid holds up to this many times the config's split count (H200 session
+#: 16, ragged lengths N(context/2, context/4): 2x gained as much as 4x, and its empty
+#: programs cost less at full context)
+BALANCE_HEADROOM = 2
+
+
+def grid_splits(splits: int, batch: int, rows: int, dv: int, table_tokens: int,
+                block_n: int) -> int:
+    """The split axis of a balanced grid for ``splits`` configured splits: ``splits`` times
+    the headroom, at most :data:`MAX_SPLITS`, one split per ``block_n`` tokens of the
+    table's width, and a workspace of ``batch x rows`` partial rows of ``dv`` columns within
+    :data:`WORKSPACE_BUDGET`; never fewer than ``splits``."""
+    per_split = batch * rows * (dv + 1) * 4
+    g = min(BALANCE_HEADROOM * splits, MAX_SPLITS, -(-table_tokens // block_n),
+            WORKSPACE_BUDGET // per_split)
+    return max(splits, g)
+
+
 def smem_bytes(key: DecodeKey, cfg: DecodeConfig) -> int:
     """Shared memory of the pipelined K/V tiles and the q block (an estimate). An fp8 tile
     is pipelined as fp8, plus one tile converted to q's dtype for the dots."""
