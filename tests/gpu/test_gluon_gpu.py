@@ -63,7 +63,8 @@ def test_heuristic_picks_gluon_and_graph_replays_ragged_lengths_and_tables():
                                                 (12, 2, 1), (128, 2, 2)])
 def test_bits_stable_and_batch_invariant(hq, q_len, splits):
     """Rows of several new tokens (q ``[B, QLEN, H, 576]``) too: lengths from 1 (below
-    QLEN: tokens that see nothing get zeros)."""
+    QLEN: tokens that see nothing get zeros). The balanced grid is bit-stable run to run;
+    with ``batch_invariant`` a request alone gives its bits in the batch."""
     b, ctx = 12, 8192
     q, k, v, bt, g = _inputs(b, hq, ctx, splits)
     if q_len > 1:
@@ -73,12 +74,17 @@ def test_bits_stable_and_batch_invariant(hq, q_len, splits):
     kw = dict(scale=DK ** -0.5, config={"kernel": "gluon", "num_kv_splits": splits,
                                         "block_n": 64, "block_h": 64, "num_warps": 8,
                                         "num_stages": 2})
+    ref = reference_decode_attention(q, k, v, bt, sl, scale=DK ** -0.5)
+    balanced = kdispatch.decode_attention(q, k, v, bt, sl, **kw)  # the balanced grid
+    assert torch.equal(balanced, kdispatch.decode_attention(q, k, v, bt, sl, **kw))
+    _close(balanced, ref)
+    kw["batch_invariant"] = True
     first = kdispatch.decode_attention(q, k, v, bt, sl, **kw)
     assert torch.equal(first, kdispatch.decode_attention(q, k, v, bt, sl, **kw))
     for r in (0, 5, b - 1):
         alone = kdispatch.decode_attention(q[r:r + 1], k, v, bt[r:r + 1], sl[r:r + 1], **kw)
         assert torch.equal(first[r:r + 1], alone)
-    _close(first, reference_decode_attention(q, k, v, bt, sl, scale=DK ** -0.5))
+    _close(first, ref)
 
 
 @pytest.mark.parametrize("bad", [-1, "nb", 10 ** 6, 2 ** 30])
