@@ -92,6 +92,21 @@ def test_grid_splits_headroom_and_caps():
     assert grid_splits(4, 256, 128, 512, 1 << 20, 64) == max(4, WORKSPACE_BUDGET // per_split)
 
 
+def test_a_grid_that_fits_one_wave_with_room_keeps_within_the_resident_slots():
+    """H200 session 17: head dim 64 (three programs per SM) at b8 x 32k, 4 splits: 256 busy
+    programs in 396 slots; 8 grid splits (512 programs) cost 1.08-1.10x, 5-6 nothing."""
+    assert grid_splits(4, 8, 32, 64, 32768, 128, 64, 3, 132) == 6      # 6 x 64 <= 396
+    assert grid_splits(8, 4, 32, 64, 262144, 128, 32, 3, 132) == 12    # b4 x 262k
+    assert grid_splits(4, 8, 32, 64, 32768, 128, 64, 3, 0) == 8        # SMs unknown
+    assert grid_splits(4, 8, 32, 64, 32768, 128, 64, 1, 132) == 8      # one per SM
+    # busy programs that fill the slots (Kimi: 8 x 33 in 2 x 132) or that take nearly every
+    # SM when packed (DeepSeek TP8: 256 busy two to an SM take 128 of 132) keep 2x
+    assert grid_splits(33, 8, 12, 512, 327680, 32, 8, 2, 132) == 66
+    assert grid_splits(8, 32, 16, 512, 16384, 32, 32, 2, 132) == 16
+    # a multi-wave config is not capped
+    assert grid_splits(8, 64, 32, 64, 32768, 128, 512, 3, 132) == 16
+
+
 def test_plan_balances_only_where_it_can():
     args = dict(b=8, hq=8, dk=64, page=16, hk=2, dv=64, shared=False, q_float32=True,
                 sliding=False, capped=False, table_tokens=4096)
@@ -100,6 +115,10 @@ def test_plan_balances_only_where_it_can():
     assert p.constexprs["GRID_SPLITS"] == 8 and p.constexprs["NUM_KV_SPLITS"] == 4
     assert p.reduce_constexprs["GRID_SPLITS"] == 8 and p.reduce_constexprs["SPLITS_P2"] == 16
     assert plan(cfg(4), **args).grid == (2, 8, 4)                       # batch invariant
+    d64 = dict(args, hq=32, hk=8, q_float32=False, table_tokens=32768)
+    d64cfg = cfg(4, block_n=128, num_stages=3)  # 67,584 B of shared memory: 3 per SM
+    assert plan(d64cfg, **d64, balance=True).grid == (8, 8, 8)
+    assert plan(d64cfg, **d64, balance=True, cu_count=132).grid == (8, 8, 6)
     assert plan(cfg(4), **{**args, "b": 1}, balance=True).grid == (2, 1, 4)  # nothing to balance
     assert plan(cfg(1), **args, balance=True).grid == (2, 8, 1)         # direct: no partials
     lat = dict(args, dk=576, dv=512, hk=1, shared=True)

@@ -22,13 +22,15 @@ import torch
 import triton
 
 from kdispatch import dispatcher as _dispatch
-from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
+from kdispatch.kernels._common import (FP8_TORCH_DTYPES, interpreting, sm_count, supports_pdl,
+                                       tensor_sig)
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
 from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, q_rows_uniform,
                                                           stage1_launch_args)
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
 from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE_SIZES,
-                                                     gluon_config, grid_splits)
+                                                     gluon_config, grid_splits,
+                                                     resident_per_sm, tile_smem)
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
@@ -49,8 +51,7 @@ def _p2(n: int) -> int:
 
 
 def _splits_p2(splits: int) -> int:
-    """The split axis of the merge's and the reduce's tiles: the count to a power of two,
-    at least 16."""
+    """The merge's and the reduce's split axis: the count to a power of two, >= 16."""
     return max(16, _p2(splits))
 
 
@@ -90,7 +91,7 @@ class Plan:
 def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, shared: bool,
          q_float32: bool, sliding: bool, capped: bool, q_len: int = 1, q4d: bool = False,
          kv_fp8: bool = False, scaled: bool = False, gluon: bool = False,
-         table_tokens: int = 0, balance: bool = False) -> Plan:
+         table_tokens: int = 0, balance: bool = False, cu_count: int = 0) -> Plan:
     """Kernel choice, grids, constexprs and workspace of ``config`` at these shapes.
 
     ``q_len`` new tokens per request (``q4d``: q and out are 4-D); a tile's rows are the
@@ -98,10 +99,9 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     dequantized in the kernel (with the scale tensors when ``scaled``) into fp16 dots
     (``F16_DOTS``, interpreter included: it does fp16 dots right) unless q is fp32.
     ``gluon``: stage 1 is the Gluon kernel, which always writes partials for the reduce.
-    ``balance``: a balanced split grid (:func:`spec.grid_splits` over ``table_tokens``, the
-    block table's width in tokens) for a batch of more than one request whose stage 1
-    writes partials, except the Triton latent stage 1's 64-row tile (the length scan made
-    ptxas spill 264-268 bytes there).
+    ``balance``: a balanced split grid (:func:`spec.grid_splits`; ``table_tokens`` wide
+    tables, ``cu_count`` SMs, 0 if unknown) for batches whose stage 1 writes partials, but
+    not the Triton latent 64-row tile (the length scan made ptxas spill 264-268 B there).
     """
     if gluon:
         g = (grid_splits(int(config.num_kv_splits), b, hq * q_len, dv, table_tokens,
@@ -119,7 +119,11 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     latent = shared and dv == block_d and dv >= SPLIT_LATENT_MIN_DV
     g = splits
     if balance and b > 1 and not direct and not (latent and block_h >= 64):
-        g = grid_splits(splits, b, hq * q_len, dv, table_tokens, int(config.block_n))
+        size = 4 if q_float32 else 2
+        smem = tile_smem(1 if kv_fp8 else size, size, dk, dv, shared, kv_fp8,
+                         int(config.block_n), block_h, int(config.num_stages))
+        g = grid_splits(splits, b, hq * q_len, dv, table_tokens, int(config.block_n),
+                        b * hk * head_blocks, resident_per_sm(smem), cu_count)
     constexprs = dict(
         GROUP=group, PAGE=page, DV=dv, DPE=dpe, BLOCK_D=block_d,
         BLOCK_DPE=max(16, _p2(dpe)) if dpe > 0 else 0, BLOCK_N=int(config.block_n),
@@ -359,7 +363,8 @@ def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
     return plan(config, b, hq, dk, page, hk, v_cache.shape[3], shares_latent(k_cache, v_cache),
                 q.dtype == torch.float32, sliding_window is not None, logit_cap > 0,
                 q_len, q.dim() == 4, k_cache.dtype in FP8_TORCH_DTYPES,
-                k_scale is not None, gluon, block_table.shape[1] * page, not batch_invariant)
+                k_scale is not None, gluon, block_table.shape[1] * page, not batch_invariant,
+                sm_count(q.device))
 
 
 def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,

@@ -293,28 +293,53 @@ BALANCE_HEADROOM = 2
 
 
 def grid_splits(splits: int, batch: int, rows: int, dv: int, table_tokens: int,
-                block_n: int) -> int:
+                block_n: int, base: int = 0, per_sm: int = 1, cu_count: int = 0) -> int:
     """The split axis of a balanced grid for ``splits`` configured splits: ``splits`` times
     the headroom, at most :data:`MAX_SPLITS`, one split per ``block_n`` tokens of the
     table's width, and a workspace of ``batch x rows`` partial rows of ``dv`` columns within
-    :data:`WORKSPACE_BUDGET`; never fewer than ``splits``."""
+    :data:`WORKSPACE_BUDGET`; never fewer than ``splits``.
+
+    With ``base`` programs per split, ``per_sm`` resident per SM and ``cu_count`` SMs: a
+    config whose busy programs fit one wave with slots to spare keeps its grid within the
+    resident slots when a grid past them would crowd the busy programs onto too few SMs.
+    H200 session 17, head dim 64 (three programs per SM), b8 x 32k at 4 splits (256 busy
+    programs, 396 slots): 8 grid splits (512 programs) 1.08-1.10x the time of 4, while 5
+    and 6 cost nothing (call 6); there the GPU packed the busy programs three to an SM.
+    """
     per_split = batch * rows * (dv + 1) * 4
     g = min(BALANCE_HEADROOM * splits, MAX_SPLITS, -(-table_tokens // block_n),
             WORKSPACE_BUDGET // per_split)
+    if base and cu_count and per_sm > 1:
+        busy, slots = splits * base, per_sm * cu_count
+        packed = -(-busy // per_sm)  # SMs the busy programs take when packed per_sm deep
+        if busy < slots < g * base and packed < 0.95 * min(busy, cu_count):
+            g = min(g, slots // base)
     return max(splits, g)
+
+
+def resident_per_sm(smem: int) -> int:
+    """Programs of a tile that fit one SM's shared memory (at least one)."""
+    return max(1, SMEM_PER_SM // max(1, smem))
+
+
+def tile_smem(kv_size: int, q_size: int, dk: int, dv: int, latent: bool, fp8: bool,
+              block_n: int, block_h: int, num_stages: int) -> int:
+    """:func:`smem_bytes` from raw sizes (bytes per cache and q element, head dims)."""
+    dpe = dk - dv
+    dv = max(16, p2(dv))
+    dpe = max(16, p2(dpe)) if dpe else 0
+    cols = dv + dpe + (0 if latent else dv)
+    converted = block_n * cols * q_size if fp8 else 0
+    return (max(1, num_stages - 1) * block_n * cols * kv_size + converted
+            + block_h * (dv + dpe) * q_size)
 
 
 def smem_bytes(key: DecodeKey, cfg: DecodeConfig) -> int:
     """Shared memory of the pipelined K/V tiles and the q block (an estimate). An fp8 tile
     is pipelined as fp8, plus one tile converted to q's dtype for the dots."""
-    esize = itemsize(key.kv_dtype)
-    dv = max(16, p2(key.head_dim_v))
-    dpe = key.head_dim - key.head_dim_v
-    dpe = max(16, p2(dpe)) if dpe else 0
-    cols = dv + dpe + (0 if key.latent else dv)
-    converted = cfg.block_n * cols * itemsize(key.dtype) if is_fp8(key.kv_dtype) else 0
-    return max(1, cfg.num_stages - 1) * cfg.block_n * cols * esize + converted + \
-        cfg.block_h * (dv + dpe) * itemsize(key.dtype)
+    return tile_smem(itemsize(key.kv_dtype), itemsize(key.dtype), key.head_dim,
+                     key.head_dim_v, key.latent, is_fp8(key.kv_dtype), cfg.block_n,
+                     cfg.block_h, cfg.num_stages)
 
 
 def default_block_h(key: DecodeKey) -> int:
