@@ -54,3 +54,31 @@ def test_a_ragged_case_draws_lengths_within_its_context():
     sl = case_inputs(case, torch.device("cpu"))[4]
     assert sl.min() >= 1 and sl.max() <= 100 and len(set(sl.tolist())) > 10
     assert torch.equal(sl, case_inputs(case, torch.device("cpu"))[4])  # seeded
+
+
+def test_heuristic_means_the_heuristic_whatever_the_side_resolves(monkeypatch):
+    """A table, database or override the side can see does not change what "heuristic"
+    times (a checkout's db/ table is found even with KDISPATCH_TABLE_DIR set)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from ab_decode import _child, parse_case
+    finally:
+        sys.path.pop(0)
+    import kdispatch
+    from kdispatch import dispatcher
+
+    override = {"num_kv_splits": 3, "block_n": 16, "block_h": 16, "num_warps": 4,
+                "num_stages": 1}
+    monkeypatch.setenv("KDISPATCH_OVERRIDE", json.dumps({"decode_attention": override}))
+    dispatcher.reset()
+    case = parse_case("gqa:2,4,2,32,32,40")
+    row = _child([case], ["heuristic"], 1, True)[0]
+    from ab_decode import case_inputs
+
+    q, k, v, bt, sl, _ = case_inputs(case, __import__("torch").device("cpu"))
+    assert kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
+                             seq_lens=sl).num_kv_splits == 3   # the side resolves the override
+    key = kdispatch.explain("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
+                            seq_lens=sl).key
+    assert row["resolved"] == kdispatch.get_op("decode_attention").heuristic(key).model_dump()
+    assert row["resolved"]["num_kv_splits"] != 3

@@ -18,6 +18,10 @@ history) and carry it::
         --config '{"num_kv_splits": 1, "block_n": 64, "block_h": 16, "num_warps": 4,
                    "num_stages": 2}'                       # or "heuristic" (each side's own)
 
+"heuristic" is each side's heuristic config for the case's key, whatever tables or database
+the side could see (a checkout's ``db/`` table is found even with ``KDISPATCH_TABLE_DIR``
+set: that variable adds a directory in front, it hides none).
+
 A case is ``name:batch,q_heads,kv_heads,head_dim,head_dim_v,context[,fp8][,q2][,rag]``; a
 latent case (kv_heads 1, head_dim > head_dim_v) passes ``v_cache = k_cache[..., :head_dim_v]``;
 ``rag``: ragged lengths drawn from N(context / 2, context / 4) in [1, context] (the table
@@ -111,17 +115,20 @@ def _child(cases: list[dict], configs: list[str], reps: int, cpu: bool) -> list[
         scale = case["dk"] ** -0.5
         ref = reference_decode_attention(q, k, v, bt, sl, scale=scale, **scales)
         for text in configs:
-            cfg = None if text == "heuristic" else json.loads(text)
+            if text == "heuristic":
+                key = kdispatch.explain("decode_attention", q=q, k_cache=k, v_cache=v,
+                                        block_table=bt, seq_lens=sl).key
+                cfg = kdispatch.get_op("decode_attention").heuristic(key)
+            else:
+                cfg = json.loads(text)
             call = lambda: kdispatch.decode_attention(  # noqa: E731
                 q, k, v, bt, sl, scale=scale, config=cfg, **scales)
             got = call().float()
             err = (got - ref).abs().max().item()
             if not err <= 3e-2 * max(1.0, ref.abs().max().item()):
                 raise SystemExit(f"{case['name']} {text}: max error {err:.3g} vs the reference")
-            used = kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v,
-                                     block_table=bt, seq_lens=sl) if cfg is None else cfg
             out.append({"case": case["name"], "config": text,
-                        "resolved": used if isinstance(used, dict) else used.model_dump(),
+                        "resolved": cfg if isinstance(cfg, dict) else cfg.model_dump(),
                         "us": _time(call, reps, cpu), "max_err": err})
     return out
 
