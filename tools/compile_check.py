@@ -89,9 +89,12 @@ def ptxas_usage(kernel, arch: int, log: str | None = None) -> tuple[int | None, 
 
 def decode_launches(key, config):
     """The decode launches of ``config`` on small CPU tensors of ``key``'s dtypes and strides
-    (what the compiled code depends on; the sizes that only reach the grid are cut)."""
-    b, pages, page = 2, 4, key.page_size
-    nb = b * pages + 1
+    (what the compiled code depends on; the sizes that only reach the grid are cut, but the
+    block table is as wide as the key's context, so a split config compiles the balanced
+    grid's variant a batch gets)."""
+    b, page = 2, key.page_size
+    pages = -(-key.context // page)
+    nb = 9
     q_shape = (b, key.q_len, key.num_q_heads, key.head_dim) if key.q_len > 1 else (
         b, key.num_q_heads, key.head_dim)
     q = torch.empty(q_shape, dtype=torch_dtype(key.dtype))
