@@ -54,13 +54,13 @@ def admits_kdispatch(monkeypatch):
     _cached_get_attn_backend.cache_clear()
 
 
-def _run(model: str, backend: str | None):
+def _run(model: str, backend: str | None, **engine: object):
     """Attention impls the model got, and per prompt the greedy tokens with their top-2
-    logprobs."""
+    logprobs (``engine``: engine arguments over the chunked-prefill defaults)."""
+    engine = {"enable_chunked_prefill": True, "max_num_batched_tokens": 32, **engine}
     llm = LLM(model=h.model_dir(model), skip_tokenizer_init=True, dtype="float32",
-              enforce_eager=True, max_model_len=h.MAX_MODEL_LEN, max_num_seqs=4,
-              enable_chunked_prefill=True, max_num_batched_tokens=32, seed=0,
-              gpu_memory_utilization=0.3, attention_backend=backend)
+              enforce_eager=True, max_model_len=h.MAX_MODEL_LEN, max_num_seqs=4, seed=0,
+              gpu_memory_utilization=0.3, attention_backend=backend, **engine)
     try:
         impls = llm.apply_model(lambda m: sorted({type(mod.impl).__name__
                                                   for mod in m.modules()
@@ -102,9 +102,20 @@ def test_llama_greedy_tokens_match_default_cpu_attention(admits_kdispatch):
     _same_generation(ours, theirs)
 
 
+#: vLLM's CPU MLA runs without chunked prefill or prefix caching (the CPU platform turns
+#: both off for MLA models, except where it expects its AMX MLA backend: on a CPU with AMX
+#: tiles, for any backend but CPU_MLA, and there its SDPA prefill then gives other tokens
+#: for a prompt batched with another prompt's prefill than for that prompt alone). Both
+#: runs get the reference's settings on every CPU.
+MLA_ENGINE = {"enable_chunked_prefill": False, "enable_prefix_caching": False,
+              "max_num_batched_tokens": 2048}
+
+
 def test_deepseek_mla_greedy_tokens_match_default_cpu_mla(admits_kdispatch):
-    ours_impls, ours = _run("deepseek", plugin.MLA_NAME)
+    ours_impls, ours = _run("deepseek", plugin.MLA_NAME, **MLA_ENGINE)
     assert ours_impls == ["KDispatchMLAImpl"]
-    ref_impls, theirs = _run("deepseek", None)
+    # vLLM's reference CPU MLA by name: on a CPU with AMX tiles the platform's default is
+    # its AMX MLA backend, which takes only bf16/fp16/int8/fp8 weights, not this fp32 model
+    ref_impls, theirs = _run("deepseek", "CPU_MLA", **MLA_ENGINE)
     assert ref_impls == ["CPUMLAImpl"]
     _same_generation(ours, theirs)
