@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tool_modules import tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "ab_decode.py"
@@ -32,23 +33,15 @@ def test_two_trees_alternate_and_report_a_ratio_per_case_and_config(tmp_path):
 
 @pytest.mark.parametrize("bad", ["x", "x:1,2,3", "x:1,2,3,4,5,6,fp16"])
 def test_a_malformed_case_names_itself(bad):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from ab_decode import parse_case
-    finally:
-        sys.path.pop(0)
     with pytest.raises(ValueError, match="--case"):
-        parse_case(bad)
+        tool("ab_decode").parse_case(bad)
 
 
 def test_a_ragged_case_draws_lengths_within_its_context():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from ab_decode import case_inputs, parse_case
-    finally:
-        sys.path.pop(0)
     import torch
 
+    ab = tool("ab_decode")
+    case_inputs, parse_case = ab.case_inputs, ab.parse_case
     case = parse_case("r:64,4,2,32,32,100,rag")
     assert case["ragged"] and not parse_case("u:64,4,2,32,32,100")["ragged"]
     sl = case_inputs(case, torch.device("cpu"))[4]
@@ -59,23 +52,20 @@ def test_a_ragged_case_draws_lengths_within_its_context():
 def test_heuristic_means_the_heuristic_whatever_the_side_resolves(monkeypatch):
     """A table, database or override the side can see does not change what "heuristic"
     times (a checkout's db/ table is found even with KDISPATCH_TABLE_DIR set)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from ab_decode import _child, parse_case
-    finally:
-        sys.path.pop(0)
+    import torch
+
     import kdispatch
     from kdispatch import dispatcher
+
+    ab = tool("ab_decode")
 
     override = {"num_kv_splits": 3, "block_n": 16, "block_h": 16, "num_warps": 4,
                 "num_stages": 1}
     monkeypatch.setenv("KDISPATCH_OVERRIDE", json.dumps({"decode_attention": override}))
     dispatcher.reset()
-    case = parse_case("gqa:2,4,2,32,32,40")
-    row = _child([case], ["heuristic"], 1, True)[0]
-    from ab_decode import case_inputs
-
-    q, k, v, bt, sl, _ = case_inputs(case, __import__("torch").device("cpu"))
+    case = ab.parse_case("gqa:2,4,2,32,32,40")
+    row = ab._child([case], ["heuristic"], 1, True)[0]
+    q, k, v, bt, sl, _ = ab.case_inputs(case, torch.device("cpu"))
     assert kdispatch.resolve("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
                              seq_lens=sl).num_kv_splits == 3   # the side resolves the override
     key = kdispatch.explain("decode_attention", q=q, k_cache=k, v_cache=v, block_table=bt,
