@@ -60,14 +60,6 @@ def supports_pdl(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    """The device's SM (compute unit) count; 0 off the GPU (under the interpreter too)."""
-    if device.type != "cuda" or interpreting():
-        return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def pdl_capable(key: Any) -> bool:
     """The same question for a dispatch key's device fields (NVIDIA sm_90 and newer)."""
     arch = key.arch

@@ -22,8 +22,8 @@ import torch
 import triton
 
 from kdispatch import dispatcher as _dispatch
-from kdispatch.kernels._common import (FP8_TORCH_DTYPES, interpreting, sm_count, supports_pdl,
-                                       tensor_sig)
+from kdispatch.device import Device
+from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
 from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, q_rows_uniform,
                                                           stage1_launch_args)
@@ -364,7 +364,7 @@ def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                 q.dtype == torch.float32, sliding_window is not None, logit_cap > 0,
                 q_len, q.dim() == 4, k_cache.dtype in FP8_TORCH_DTYPES,
                 k_scale is not None, gluon, block_table.shape[1] * page, not batch_invariant,
-                sm_count(q.device))
+                0 if interpreting() or not q.is_cuda else Device.from_torch(q.device).cu_count)
 
 
 def planned_launches(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
