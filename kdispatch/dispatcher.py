@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from kdispatch.device import Device
 from kdispatch.errors import StrictMissError, short_error, warn_once
-from kdispatch.memo import HOT, Entry, Memo, _never
+from kdispatch.memo import BEFORE_STATS, HOT, ON_RESET, Entry, Memo, _never
 from kdispatch.misses import MissWriter
 from kdispatch.opdef import Op, OpConfig, OpKey
 from kdispatch.registry import get_op, op_names
@@ -308,6 +308,8 @@ class Dispatcher:
             self._miss_writer.flush(timeout)
 
     def stats(self) -> Stats:
+        for hook in list(BEFORE_STATS):
+            hook()
         s = Stats(db_error=self.db_error, tables=self._tables.summary())
         for entry in [e for memo in list(self._memos.values())
                       for e in list(memo.entries.values())]:
@@ -348,4 +350,6 @@ def reset(settings: Settings | None = None) -> Dispatcher:
             old.flush_misses(5.0)
         _DISPATCHER = Dispatcher(settings)
         HOT.clear()
+        for hook in list(ON_RESET):
+            hook()
         return _DISPATCHER

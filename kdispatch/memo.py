@@ -70,3 +70,9 @@ _NO_ENTRY = _NoEntry()
 #: op -> the global dispatcher's :class:`Memo` (the public resolve's memo hit reads only
 #: this); filled under ``_INIT_LOCK`` by that dispatcher, cleared (never replaced) by reset
 HOT: dict[str, Memo] = {}
+
+#: callables run at the start of every ``Dispatcher.stats()`` (a native launch cache folds
+#: the calls it served into their entries' ``calls``) and on every ``reset()`` (it drops
+#: launches resolved by the old dispatcher)
+BEFORE_STATS: list[Callable[[], None]] = []
+ON_RESET: list[Callable[[], None]] = []

@@ -26,8 +26,9 @@ _lock = threading.Lock()
 
 
 def define(namespace: str, schema: str, impl: Callable[..., Any],
-           fake: Callable[..., Any]) -> None:
-    """Define ``namespace::<name>`` from ``schema`` with ``impl`` (CPU and CUDA) and ``fake``.
+           fake: Callable[..., Any], backends: tuple[str, ...] = ("CPU", "CUDA")) -> None:
+    """Define ``namespace::<name>`` from ``schema`` with ``impl`` (at each of ``backends``)
+    and ``fake``.
 
     Idempotent per qualified name (a module imported twice does not redefine its op).
 
@@ -48,8 +49,8 @@ def define(namespace: str, schema: str, impl: Callable[..., Any],
         if lib is None:
             lib = _LIBS[namespace] = torch.library.Library(namespace, "FRAGMENT")
         lib.define(schema)
-        lib.impl(name, impl, "CPU")
-        lib.impl(name, impl, "CUDA")
+        for backend in backends:
+            lib.impl(name, impl, backend)
         lib.impl(name, torch.library.fallthrough_kernel, "Autograd")
         torch.library.register_fake(qualname, fake, lib=lib)
         _DEFINED.add(qualname)
@@ -64,3 +65,9 @@ def config_json(config: Any) -> str | None:
     import json
 
     return json.dumps(dict(config), sort_keys=True)
+
+
+def add_kernel(namespace: str, name: str, impl: Callable[..., Any], backend: str) -> None:
+    """Register ``impl`` for an op :func:`define` defined without ``backend``."""
+    with _lock:
+        _LIBS[namespace].impl(name, impl, backend)

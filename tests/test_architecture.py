@@ -11,7 +11,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "kdispatch"
 GENERIC = ("api", "buckets", "device", "dispatcher", "dtypes", "errors", "kernel_op", "table_cache",
            "launching", "memo", "misses", "opdef", "paths", "registry", "settings",
-           "source_hash", "tables", "tensor_guard", "torch_library", "store", "tuning", "cli")
+           "source_hash", "tables", "tensor_guard", "torch_library", "store", "tuning", "cli",
+           "native")
 OP_NAMES = ("decode_attention", "kv_write", "write_kv")
 
 

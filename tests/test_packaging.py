@@ -43,4 +43,5 @@ def test_the_wheel_carries_types_license_and_tables(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     names = zipfile.ZipFile(next(tmp_path.glob("kdispatch-*.whl"))).namelist()
     assert "kdispatch/py.typed" in names and "kdispatch/db/nvidia-h200.json" in names
+    assert "kdispatch/native/launch_cache.cpp" in names  # kdispatch build-ops compiles it
     assert any(n.endswith("licenses/LICENSE") for n in names)

@@ -257,6 +257,15 @@ def ratios(rows: dict, gpu: bool) -> dict:
     return out
 
 
+def _native() -> str | None:
+    """The native launch cache the torch ops' CUDA calls run through (None: the Python
+    kernel; ``kdispatch build-ops`` builds it, ``KDISPATCH_FAST_OPS=0`` turns it off)."""
+    from kdispatch.native.build import loaded
+
+    path = loaded()
+    return None if path is None else str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="JSON file to write")
@@ -273,12 +282,14 @@ def main() -> None:
     info = {"device": torch.cuda.get_device_name() if gpu else "cpu",
             "torch": torch.__version__, "triton": triton.__version__,
             "python": sys.version.split()[0], "calls": args.calls, "rounds": args.rounds,
-            "interleaved": True, "rows": rows, "ratios": ratios(rows, gpu)}
+            "interleaved": True, "native_launch_cache": _native(),
+            "rows": rows, "ratios": ratios(rows, gpu)}
     if args.out:
         Path(args.out).write_text(json.dumps(info, indent=1) + "\n")
     anchor = rows.get(ANCHOR)
     print(f"host cost per call on {info['device']} (median and min of {args.rounds} "
-          f"interleaved rounds x {args.calls} calls)")
+          f"interleaved rounds x {args.calls} calls); native launch cache: "
+          f"{info['native_launch_cache'] or 'off'}")
     print(f"{'call':66s} {'median us':>10s} {'min us':>8s} {'x anchor':>9s} {'first ms':>9s}")
     for name, r in rows.items():
         ratio = f"{r['median_us'] / anchor['median_us']:.2f}" if anchor else "-"

@@ -1,4 +1,5 @@
-"""The ``kdispatch`` command line: tune, resolve, explain, show, export, import, merge, doctor.
+"""The ``kdispatch`` command line: tune, resolve, explain, show, export, import, merge, doctor,
+build-ops.
 
 Every command is a thin layer over library calls. Every failure is one line naming its
 cause (``KDISPATCH_DEBUG=1`` shows the traceback); nothing heavy (torch, pydantic,
@@ -42,7 +43,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    from kdispatch.cli import doctor, lookup, tables, tune
+    from kdispatch.cli import doctor, lookup, native, tables, tune
 
     main.add_command(tune.tune)
     main.add_command(lookup.resolve)
@@ -52,6 +53,7 @@ def _register() -> None:
     main.add_command(tables.import_)
     main.add_command(tables.merge)
     main.add_command(doctor.doctor)
+    main.add_command(native.build_ops)
 
 
 _register()

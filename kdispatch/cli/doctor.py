@@ -39,6 +39,7 @@ def doctor(db: str | None) -> None:
     from kdispatch.integrations.vllm import entry_point_status
 
     say(f"vllm plugin: {entry_point_status()}")
+    say(f"native launch cache: {_native_status()}")
     url = db_url(db)
     path = sqlite_path(url)
     say(f"database: {url}")
@@ -101,3 +102,16 @@ def _table_report(device_key: str | None) -> list[str]:
     return lines or ["none found in " + ", ".join(str(d) for d in table_dirs())]
 
 
+
+
+def _native_status() -> str:
+    from kdispatch.native.build import enabled, library_path, loaded
+
+    path = library_path()
+    if not enabled():
+        return "off (KDISPATCH_FAST_OPS=0)"
+    if loaded() is not None:
+        return f"loaded ({loaded()})"
+    if path.is_file():
+        return f"built ({path}); loaded by processes that import kdispatch"
+    return "not built (`kdispatch build-ops` builds it)"

@@ -219,8 +219,9 @@ def _fast_check(e: _Entry, tensors: tuple[Any, ...], device: int) -> None:
 
 def write_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
              row_mask: Any = None, active_rows: Any = None, config: Any = None,
-             k_scale: Any = None, v_scale: Any = None) -> None:
-    """The cached path of the public :func:`kdispatch.write_kv` (see its docstring).
+             k_scale: Any = None, v_scale: Any = None) -> _Entry | None:
+    """The cached path of the public :func:`kdispatch.write_kv` (see its docstring); the
+    signature's entry it served the call through (None: a call that was not cached).
 
     The fast path: the last signature's entry checks the call's tensors in one C++ check
     (~0.5 us where building the signature costs ~2.5) and its pointers' 16-byte alignment
@@ -244,7 +245,7 @@ def write_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mappin
                         f.resolved.calls += 1
                     f.direct(raw_stream(f.device), kp, vp, kcp, vcp, sp, sp, sp, ksp, vsp,
                              *f.tail)
-                    return
+                    return f
         except Exception:  # noqa: BLE001 - a tensor given twice, or not a tensor: the
             pass           # signature path checks and names it
     try:
@@ -281,14 +282,14 @@ def write_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mappin
         elif e.plan is not None or e.config.variant == "indexed":
             _start(e.config, key, value, key_cache, value_cache, slot_mapping, row_mask,
                    active_rows, k_scale, v_scale)
-        return
-    _first_call(sig, key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
-                config, k_scale, v_scale)
+        return e
+    return _first_call(sig, key, value, key_cache, value_cache, slot_mapping, row_mask,
+                       active_rows, config, k_scale, v_scale)
 
 
 def _first_call(sig: Any, key: Any, value: Any, key_cache: Any, value_cache: Any,
                 slot_mapping: Any, row_mask: Any, active_rows: Any, config: Any,
-                k_scale: Any, v_scale: Any) -> None:
+                k_scale: Any, v_scale: Any) -> _Entry | None:
     check_inputs(key, value, key_cache, value_cache, slot_mapping, row_mask, active_rows,
                  k_scale, v_scale)
     d = _dispatch.dispatcher()
@@ -298,11 +299,12 @@ def _first_call(sig: Any, key: Any, value: Any, key_cache: Any, value_cache: Any
     p, compiled = _start(cfg, key, value, key_cache, value_cache, slot_mapping, row_mask,
                          active_rows, k_scale, v_scale)
     if sig is None:
-        return
+        return None
     direct = None
     if p is not None:  # make_direct says None where direct launches are off
         direct = make_direct(_kv_write_kernel, compiled, p.grid, N_POINTERS + 14)
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     tail = runtime_args(key, value, key_cache, value_cache, slot_mapping, row_mask)
-    _CACHE[sig] = _Entry(cfg, resolved, d, direct, p, tail)
+    e = _CACHE[sig] = _Entry(cfg, resolved, d, direct, p, tail)
+    return e

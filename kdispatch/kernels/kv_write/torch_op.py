@@ -3,6 +3,13 @@
 Two overloads, as for decode (see its ``torch_op`` module): the default takes the five
 arguments of a plain write, ``.full`` adds the row mask, active rows, config and fp8
 scales.
+
+Where the native launch cache is built (``kdispatch build-ops``; see
+:mod:`kdispatch.native`), the default overload's CUDA kernel is C++: a call whose tensors
+have the layout of one the Python path already launched is launched there, without a trip
+into Python; any other call goes to ``kdispatch::_write_kv_slow`` (the same schema, the
+Python path), which hands its launch to the cache. ``KDISPATCH_FAST_OPS=0`` keeps the
+Python kernel.
 """
 
 from __future__ import annotations
@@ -14,13 +21,21 @@ import torch
 
 from kdispatch.kernels.kv_write.launch import write_kv as _write_kv
 from kdispatch.kernels.kv_write.spec import KVWriteConfig
-from kdispatch.torch_library import define
+from kdispatch.launching import hooks_installed
+from kdispatch.native import ops as _native
+from kdispatch.torch_library import add_kernel, define
 
 _LEAN = ("Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
          "Tensor slot_mapping")
 SCHEMA = f"write_kv({_LEAN}) -> ()"
+SCHEMA_SLOW = f"_write_kv_slow({_LEAN}) -> ()"
 SCHEMA_FULL = (f"write_kv.full({_LEAN}, Tensor? row_mask=None, Tensor? active_rows=None, "
                "str? config=None, Tensor? k_scale=None, Tensor? v_scale=None) -> ()")
+NATIVE_OP = "kdispatch::write_kv"
+#: the kernel's pointer arguments as indices into the lean call's five tensors: key, value,
+#: the caches, the slots, and the slots again for the four pointers a plain write leaves
+#: unread (row mask, active rows, scales)
+_POINTERS = (0, 1, 2, 3, 4, 4, 4, 4, 4)
 
 
 @functools.lru_cache(maxsize=256)
@@ -32,6 +47,15 @@ def parse_config(text: str) -> KVWriteConfig:
 def _impl_lean(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     _write_kv(key, value, key_cache, value_cache, slot_mapping)
+
+
+def _impl_slow(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+               value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """The native kernel's miss: the Python path, then its direct launch to the cache."""
+    e = _write_kv(key, value, key_cache, value_cache, slot_mapping)
+    if e is not None and e.direct is not None and not hooks_installed():
+        _native.remember(NATIVE_OP, (key, value, key_cache, value_cache, slot_mapping),
+                         e.direct, _POINTERS, e.tail, e.resolved)
 
 
 def _impl(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -49,5 +73,15 @@ def _fake(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: 
     return None
 
 
-define("kdispatch", SCHEMA, _impl_lean, _fake)  # first: the packet tries it first
-define("kdispatch", SCHEMA_FULL, _impl, _fake)
+def _register() -> None:
+    if not _native.load():
+        define("kdispatch", SCHEMA, _impl_lean, _fake)  # first: the packet tries it first
+    else:
+        define("kdispatch", SCHEMA, _impl_lean, _fake, backends=("CPU",))
+        define("kdispatch", SCHEMA_SLOW, _impl_slow, _fake, backends=("CUDA",))
+        if not _native.install(NATIVE_OP, "kdispatch::_write_kv_slow", n_tensors=5):
+            add_kernel("kdispatch", "write_kv", _impl_lean, "CUDA")
+    define("kdispatch", SCHEMA_FULL, _impl, _fake)
+
+
+_register()
