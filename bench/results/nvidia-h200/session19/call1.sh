@@ -12,9 +12,9 @@ export PYTHONPYCACHEPREFIX=/tmp/kdispatch-pycache
 export PYTHONPATH=/tmp/site:$PWD:$PWD/examples/kdispatch_example_ops
 export KDISPATCH_NATIVE_DIR=/tmp/kdispatch-native
 echo "== $(date +%T) build-ops"
-start=$(date +%s.%N)
+start=$(date +%s)
 python3 -m kdispatch.cli build-ops 2>&1 | tee $OUT/call1-build.txt
-echo "build seconds: $(echo "$(date +%s.%N) - $start" | bc)" | tee -a $OUT/call1-build.txt
+echo "build seconds: $(( $(date +%s) - start ))" | tee -a $OUT/call1-build.txt
 python3 -m kdispatch.cli doctor 2>&1 | grep -E "device|versions|native" | tee -a $OUT/call1-build.txt
 echo "== $(date +%T) native GPU tests"
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_native_gpu.py \
