@@ -18,15 +18,17 @@ every ``reset_dispatcher()``.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kdispatch.memo import BEFORE_STATS, ON_RESET
 from kdispatch.native.build import load, ops
 
-__all__ = ["add_launch", "entries", "forget", "install", "installed", "remember",
-           "slots_of"]
+__all__ = ["NativeLaunch", "add_launches", "entries", "forget", "install", "installed",
+           "remember", "slots_of"]
 
 _INSTALLED: set[str] = set()
 #: native entry id -> the dispatcher memo entry whose ``calls`` counts its hits
@@ -56,14 +58,46 @@ def installed(op: str) -> bool:
     return op in _INSTALLED
 
 
-def slots_of(compiled: Any, args: Sequence[Any]) -> tuple[list[int], list[int]] | None:
-    """The kernel parameters of a launch of ``compiled`` as native slots: ``kinds`` (a
-    tensor's index, or -1 for a constant) and ``values`` (the constants), in the order of
-    the compiled launcher's parameters, Triton's two scratch pointers (null) last.
+#: slot kinds of the library (launch_cache.cpp): a constant, a call tensor's index, an
+#: allocation's (ALLOC + index), a float argument's (SCALAR + argument index)
+CONST, ALLOC, SCALAR = -1, 1000, 2000
 
-    ``args`` are the launch's runtime arguments in the kernel's parameter order, a tensor
-    given as ``("tensor", index)``. None when the launch needs what the native launch does
-    not do (clusters, cooperative grids, scratch buffers, a float argument).
+
+def _double_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _slot(ty: str, arg: Any) -> tuple[int, int] | None:
+    """(kind, value) of one launcher parameter of Triton type ``ty``, or None."""
+    tag = arg[0] if isinstance(arg, tuple) else None
+    if ty.startswith("*"):
+        if tag in ("tensor", "alloc"):
+            offset = int(arg[2]) if len(arg) > 2 else 0
+            return (int(arg[1]) if tag == "tensor" else ALLOC + int(arg[1])), offset
+        if tag == "ptr":  # a pointer the entry keeps alive (see add_launches' keep)
+            return CONST, int(arg[1])
+        return None
+    if ty in _INT_TYPES and isinstance(arg, int) and not isinstance(arg, bool | tuple):
+        return CONST, int(arg) - (1 << 64) if arg >= 1 << 63 else int(arg)
+    if ty == "fp32":
+        if tag == "scalar":  # the call's float argument arg[1] times arg[2]
+            return SCALAR + int(arg[1]), _double_bits(arg[2])
+        if isinstance(arg, float):
+            return CONST, struct.unpack("<I", struct.pack("<f", arg))[0]
+    return None
+
+
+def slots_of(compiled: Any, args: Sequence[Any]) -> tuple[list[int], list[int]] | None:
+    """The kernel parameters of a launch of ``compiled`` as native slots: ``kinds`` and
+    ``values``, in the order of the compiled launcher's parameters, Triton's two scratch
+    pointers (null) last.
+
+    ``args`` are the launch's runtime arguments in the kernel's parameter order: an
+    integer or a float (a constant), ``("tensor", i[, byte offset])`` (the call's tensor
+    ``i``), ``("alloc", a[, byte offset])`` (the call's allocation ``a``), ``("ptr",
+    address)`` (a tensor the entry keeps), ``("scalar", i, factor)`` (the call's float
+    argument ``i`` times ``factor``, as fp32). None when the launch needs what the native
+    launch does not do (clusters, cooperative grids, scratch buffers, other types).
     """
     md = compiled.metadata
     if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
@@ -77,35 +111,56 @@ def slots_of(compiled: Any, args: Sequence[Any]) -> tuple[list[int], list[int]] 
     for ty, arg in zip(types, args):
         if ty == "constexpr":
             continue
-        is_tensor = isinstance(arg, tuple) and arg[:1] == ("tensor",)
-        if ty.startswith("*") and is_tensor:
-            kinds.append(int(arg[1]))
-            values.append(0)
-        elif ty in _INT_TYPES and isinstance(arg, int) and not is_tensor:
-            kinds.append(-1)
-            values.append(int(arg) - (1 << 64) if arg >= 1 << 63 else int(arg))
-        else:
+        slot = _slot(ty, arg)
+        if slot is None:
             return None
-    kinds += [-1, -1]  # global_scratch, profile_scratch: none
+        kinds.append(slot[0])
+        values.append(slot[1])
+    kinds += [CONST, CONST]  # global_scratch, profile_scratch: none
     values += [0, 0]
     return kinds, values
 
 
-def add_launch(op: str, tensors: Sequence[Any], compiled: Any, function: int,
-               grid: Sequence[int], args: Sequence[Any], counter: Any = None) -> int | None:
-    """Hand the native cache one launch of ``op``: ``tensors`` the call's tensors (their
-    layouts become the entry's check), ``compiled`` / ``function`` / ``grid`` the direct
-    launch, ``args`` as for :func:`slots_of`. ``counter`` (a memo entry) gets its hits.
-    The entry's id, or None when refused."""
+@dataclass(frozen=True)
+class NativeLaunch:
+    """One kernel launch of an entry: the compiled kernel, its CUfunction and grid, and its
+    runtime arguments as :func:`slots_of` takes them."""
+
+    compiled: Any
+    function: int
+    grid: Sequence[int]
+    args: Sequence[Any]
+
+    @classmethod
+    def of(cls, direct: Any, args: Sequence[Any]) -> NativeLaunch:
+        """From a :class:`kdispatch.launching.DirectLaunch`."""
+        return cls(direct.compiled, direct.function, (direct.g0, direct.g1, direct.g2), args)
+
+
+def add_launches(op: str, tensors: Sequence[Any], launches: Sequence[NativeLaunch],
+                 keep: Sequence[Any] = (), allocs: Sequence[tuple[Any, Any, bool]] = (),
+                 returns: int = -1, counter: Any = None) -> int | None:
+    """Hand the native cache one entry of ``op``: ``tensors`` the call's tensors (their
+    layouts become the entry's check), ``launches`` in order, ``keep`` tensors the launches
+    read by address, ``allocs`` the buffers each call allocates as (shape, dtype, zeroed),
+    ``returns`` the allocation the op returns (-1: none). ``counter`` (a memo entry) gets
+    the entry's calls. The entry's id, or None when refused."""
     if op not in _INSTALLED:
         return None
-    slots = slots_of(compiled, args)
-    if slots is None:
-        return None
-    md = compiled.metadata
-    g = (tuple(int(x) for x in grid) + (1, 1, 1))[:3]
-    launch = [*g, 32 * int(md.num_warps), int(md.shared), int(bool(md.launch_pdl))]
-    eid = int(ops().add(op, list(tensors), int(function), launch, *slots))
+    import torch
+
+    flat: list[int] = []
+    for launch in launches:
+        slots = slots_of(launch.compiled, launch.args)
+        if slots is None:
+            return None
+        md = launch.compiled.metadata
+        g = (tuple(int(x) for x in launch.grid) + (1, 1, 1))[:3]
+        flat += [int(launch.function), *g, 32 * int(md.num_warps), int(md.shared),
+                 int(bool(md.launch_pdl)), len(slots[0]), *slots[0], *slots[1]]
+    like = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype, _ in allocs]
+    eid = int(ops().add(op, list(tensors), list(keep), like, [int(z) for _, _, z in allocs],
+                        returns, flat))
     if eid < 0:
         return None
     if counter is not None:
@@ -116,12 +171,11 @@ def add_launch(op: str, tensors: Sequence[Any], compiled: Any, function: int,
 
 def remember(op: str, tensors: Sequence[Any], direct: Any, tensor_args: Sequence[int],
              tail: Sequence[int], counter: Any = None) -> int | None:
-    """:func:`add_launch` for a :class:`kdispatch.launching.DirectLaunch` whose launch
+    """:func:`add_launches` of one :class:`kdispatch.launching.DirectLaunch` whose launch
     passes the tensors ``tensor_args`` (indices into ``tensors``) then the integers
     ``tail``."""
     args = [("tensor", i) for i in tensor_args] + list(tail)
-    return add_launch(op, tensors, direct.compiled, direct.function,
-                      (direct.g0, direct.g1, direct.g2), args, counter)
+    return add_launches(op, tensors, [NativeLaunch.of(direct, args)], counter=counter)
 
 
 def entries(op: str) -> int:

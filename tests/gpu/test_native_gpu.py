@@ -143,3 +143,77 @@ def test_native_launch_in_a_cuda_graph_replays_new_rows_and_slots(native_dir):
     print("replays bad", bad, "entries", n, nops.entries(OP))
     """, native_dir)
     assert "replays bad 0 entries 1 1" in out
+
+
+_DECODE = """
+def decode_inputs(kind, b, ctx, seed=0, page=16):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    pages = -(-ctx // page)
+    nb = b * pages + 3
+    if kind == "mla":
+        hq, dk, dv = 16, 576, 512
+        q = torch.randn(b, hq, dk, device=dev, dtype=torch.bfloat16, generator=g)
+        kc = torch.randn(nb, page, 1, dk, device=dev, dtype=torch.bfloat16, generator=g)
+        vc = kc[..., :dv]
+    else:
+        q = torch.randn(b, 32, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        kc = torch.randn(nb, page, 8, 128, device=dev, dtype=torch.bfloat16, generator=g)
+        vc = torch.randn(nb, page, 8, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    bt = torch.randperm(nb, device=dev, generator=g)[:b * pages].view(b, pages).int()
+    sl = torch.randint(1, ctx + 1, (b,), device=dev, generator=g).int()
+    sl[0] = ctx
+    return q, kc, vc, bt, sl
+"""
+
+
+def test_native_decode_matches_the_public_function(native_dir):
+    out = run(_DECODE + """
+    DOP = "kdispatch::decode_attention"
+    bad, served = [], []
+    for kind in ("gqa", "mla"):
+        for b, ctx in ((1, 17), (3, 65), (8, 4096), (2, 32768), (32, 1024)):
+            q, kc, vc, bt, sl = decode_inputs(kind, b, ctx)
+            ref = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.07)
+            before = nops.entries(DOP)
+            for rep in range(3):
+                sl = torch.randint(1, ctx + 1, (b,), device=dev, dtype=torch.int32)
+                want = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.07)
+                torch.cuda.set_sync_debug_mode("error")
+                got = torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.07)
+                torch.cuda.set_sync_debug_mode(0)
+                if not torch.equal(got, want):
+                    bad.append((kind, b, ctx, rep))
+            served.append(nops.entries(DOP) - before)
+    print("bad", bad)
+    print("served", served)
+    """, native_dir)
+    assert "bad []" in out
+    assert "served [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]" in out  # one entry per layout
+
+
+def test_native_decode_replays_in_a_graph_and_counts(native_dir):
+    out = run(_DECODE + """
+    q, kc, vc, bt, sl = decode_inputs("mla", 8, 4096)
+    torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.07)  # remembered
+    before = kdispatch.stats().resolutions
+    for _ in range(10):
+        torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.07)
+    counted = kdispatch.stats().resolutions - before
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.07)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.07)
+    bad = 0
+    for i in range(4):
+        sl.copy_(torch.randint(1, 4097, (8,), device=dev, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        want = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.07)
+        bad += not torch.equal(o, want)
+    print("counted", counted, "graph bad", bad)
+    """, native_dir)
+    assert "counted 10 graph bad 0" in out

@@ -117,16 +117,37 @@ def test_write_kv_runs_through_the_cache_where_built(native_dir):
     assert r.stdout.split() == ["True", "True", "0", "True", "True", "True", "True"]
 
 
+def test_decode_runs_through_the_cache_where_built(native_dir):
+    code = _SETUP + textwrap.dedent("""
+    DOP = "kdispatch::decode_attention"
+    cuda = [ln for ln in torch._C._dispatch_dump(DOP).splitlines() if ln.startswith("CUDA")]
+    print(nops.installed(DOP), "launch_cache.cpp" in cuda[0],
+          "kdispatch::_decode_attention_slow" in torch._C._dispatch_get_all_op_names())
+    q = torch.randn(2, 4, 32)
+    kc, vc = torch.randn(4, 16, 2, 32), torch.randn(4, 16, 2, 32)
+    bt = torch.arange(4, dtype=torch.int32).view(2, 2)
+    sl = torch.tensor([1, 17], dtype=torch.int32)
+    a = torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.2)
+    b = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.2)
+    print(torch.equal(a, b))
+    """)
+    r = run_py(code, native_dir)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "True", "True"]
+
+
 def test_fast_ops_off_keeps_the_python_kernel(native_dir):
     code = _SETUP + textwrap.dedent("""
     dump = torch._C._dispatch_dump("kdispatch::write_kv")
     cuda = [ln for ln in dump.splitlines() if ln.startswith("CUDA")]
     print(loaded() is None, nops.installed(OP), "launch_cache.cpp" in cuda[0],
-          "kdispatch::_write_kv_slow" in torch._C._dispatch_get_all_op_names())
+          "kdispatch::_write_kv_slow" in torch._C._dispatch_get_all_op_names(),
+          nops.installed("kdispatch::decode_attention"),
+          "kdispatch::_decode_attention_slow" in torch._C._dispatch_get_all_op_names())
     """)
     r = run_py(code, native_dir, KDISPATCH_FAST_OPS="0")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "False", "False", "False"]
+    assert r.stdout.split() == ["True", "False", "False", "False", "False", "False"]
 
 
 def test_a_library_that_fails_to_load_warns_once(native_dir, tmp_path):
@@ -196,25 +217,33 @@ def test_slots_refuse_what_the_native_launch_does_not_do(md, args):
     assert nops.slots_of(_compiled(**md), args) is None
 
 
+_ADD = """
+def add(tensors, args, **kw):
+    comp = NS(metadata=NS(num_ctas=1, launch_cooperative_grid=False, global_scratch_size=0,
+                          profile_scratch_size=0, num_warps=4, shared=0, launch_pdl=False),
+              src=NS(signature=kw.pop("sig")))
+    return nops.add_launches(OP, tensors, [nops.NativeLaunch(comp, 1234, (3, 1), args)], **kw)
+
+def probe(tensors, args=()):
+    ints, allocs = torch.ops.kdispatch_native.probe(OP, list(tensors), list(args))
+    return ints
+"""
+
+
 def test_probe_packs_pointers_and_refuses_other_layouts(native_dir):
-    code = _SETUP + textwrap.dedent("""
+    code = _SETUP + _ADD + textwrap.dedent("""
     k, v = torch.randn(3, 2, 16), torch.randn(3, 2, 16)
     kc, vc = torch.randn(4, 16, 2, 16), torch.randn(4, 16, 2, 16)
     s = torch.tensor([0, 17, 63])
-    comp = NS(metadata=NS(num_ctas=1, launch_cooperative_grid=False, global_scratch_size=0,
-                          profile_scratch_size=0, num_warps=4, shared=0, launch_pdl=False),
-              src=NS(signature={**{f"p{j}": "*fp32" for j in range(6)}, "n": "i32",
-                                "C": "constexpr"}))
-    args = [("tensor", i) for i in (0, 1, 2, 3, 4, 4)] + [-7]
-    eid = nops.add_launch(OP, (k, v, kc, vc, s), comp, 1234, (3, 1), args)
-    got = torch.ops.kdispatch_native.probe(OP, [k, v, kc, vc, s])
+    sig = {**{f"p{j}": "*fp32" for j in range(6)}, "n": "i32", "C": "constexpr"}
+    eid = add((k, v, kc, vc, s), [("tensor", i) for i in (0, 1, 2, 3, 4, 4)] + [-7], sig=sig)
     ptrs = [t.data_ptr() for t in (k, v, kc, vc, s, s)]
-    print(eid > 0, got == [eid, *ptrs, -7, 0, 0], nops.entries(OP))
+    print(eid > 0, probe([k, v, kc, vc, s]) == [eid, *ptrs, -7, 0, 0], nops.entries(OP))
     # same layouts, other storage: the entry serves them with their own pointers
     k2, kc2 = torch.randn(3, 2, 16), torch.randn(4, 16, 2, 16)
-    got = torch.ops.kdispatch_native.probe(OP, [k2, v, kc2, vc, s])
+    got = probe([k2, v, kc2, vc, s])
     print(got[:4] == [eid, k2.data_ptr(), v.data_ptr(), kc2.data_ptr()])
-    big = torch.randn(7, 2, 16)
+    big_off = torch.randn(3 * 32 + 1)[1:].view(3, 2, 16)
     others = {
         "dtype": [k.double(), v, kc, vc, s],
         "slot dtype": [k, v, kc, vc, s.int()],
@@ -222,19 +251,17 @@ def test_probe_packs_pointers_and_refuses_other_layouts(native_dir):
         "stride": [torch.randn(2, 3, 16).transpose(0, 1), v, kc, vc, s],
         "cache stride": [k, v, torch.randn(4, 2, 16, 16).transpose(1, 2), vc, s],
         "rank": [k.view(3, 32), v, kc, vc, s],
-        "unaligned": [big[1:4].view(3, 2, 16)[:, :, :], v, kc, vc, s],
+        "unaligned": [big_off, v, kc, vc, s],
         "meta": [k.to("meta"), v, kc, vc, s],
+        "shared pointer": [k, k, kc, vc, s],  # the entry's K and V pointers differ
         "count": [k, v, kc, vc],
     }
-    big_off = torch.randn(3 * 32 + 1)[1:].view(3, 2, 16)
-    others["unaligned"] = [big_off, v, kc, vc, s]
     print(big_off.data_ptr() % 16 != 0)
-    print(" ".join(name for name, ts in others.items()
-                   if torch.ops.kdispatch_native.probe(OP, ts) != [-1]) or "none")
+    print(" ".join(name for name, ts in others.items() if probe(ts) != [-1]) or "none")
     # an unaligned call is never added; a reset drops every entry
-    print(nops.add_launch(OP, others["unaligned"], comp, 1234, (3, 1), args))
+    print(add(others["unaligned"], [("tensor", 0)], sig={"p": "*fp32"}))
     kdispatch.reset_dispatcher()
-    print(nops.entries(OP), torch.ops.kdispatch_native.probe(OP, [k, v, kc, vc, s]))
+    print(nops.entries(OP), probe([k, v, kc, vc, s]))
     """)
     r = run_py(code, native_dir)
     assert r.returncode == 0, r.stderr
@@ -242,17 +269,55 @@ def test_probe_packs_pointers_and_refuses_other_layouts(native_dir):
                                      "0 [-1]"]
 
 
+def test_probe_packs_allocations_scalars_kept_pointers_and_two_launches(native_dir):
+    code = _SETUP + _ADD + textwrap.dedent("""
+    import struct
+    q = torch.randn(2, 4, 16)
+    kc = torch.randn(4, 16, 1, 16)
+    v = kc[..., :8]                       # a view sharing K's pointer (the MLA latent)
+    bt, sl = torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    zeros = torch.zeros(64)
+    sig = {**{f"p{j}": "*fp32" for j in range(8)}, "qk": "fp32", "cap": "fp32", "n": "i64"}
+    args = [("tensor", 0), ("tensor", 1), ("alloc", 0), ("alloc", 1), ("alloc", 1, 256),
+            ("alloc", 2), ("ptr", zeros.data_ptr()), ("tensor", 4), ("scalar", 5, 1.5), 1.0,
+            2 ** 40]
+    allocs = [((2, 4, 8), torch.bfloat16, False), ((100,), torch.float32, False),
+              ((2, 3), torch.int32, True)]
+    eid = add((q, kc, v, bt, sl), args, sig=sig, keep=(zeros,), allocs=allocs, returns=0)
+    ints, al = torch.ops.kdispatch_native.probe(OP, [q, kc, v, bt, sl],
+                                                [0, 0, 0, 0, 0, 0.3])
+    f32 = lambda x: struct.unpack("<I", struct.pack("<f", x))[0]
+    want = [eid, q.data_ptr(), kc.data_ptr(), al[0].data_ptr(), al[1].data_ptr(),
+            al[1].data_ptr() + 256, al[2].data_ptr(), zeros.data_ptr(), sl.data_ptr(),
+            f32(0.3 * 1.5), f32(1.0), 2 ** 40, 0, 0]
+    print(ints == want)
+    print([(tuple(a.shape), a.dtype) for a in al] == [(s_, d) for s_, d, _ in allocs],
+          bool((al[2] == 0).all()))
+    # a non-finite or missing float argument, or K and V apart, is not served
+    bad = [torch.ops.kdispatch_native.probe(OP, [q, kc, v, bt, sl], a)[0]
+           for a in ([0] * 5 + [float("inf")], [0] * 5 + [float("nan")], [0] * 5)]
+    apart = torch.ops.kdispatch_native.probe(OP, [q, kc, kc.clone()[..., :8], bt, sl],
+                                             [0] * 5 + [0.3])[0]
+    print(bad, apart)
+    # refused entries: an allocation index past the list, a return past it
+    print(add((q, kc, v, bt, sl), [("alloc", 3)], sig={"p": "*fp32"}, allocs=allocs),
+          add((q, kc, v, bt, sl), [("alloc", 0)], sig={"p": "*fp32"}, allocs=allocs,
+              returns=3))
+    """)
+    r = run_py(code, native_dir)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["True", "True True", "[[-1], [-1], [-1]] [-1]",
+                                     "None None"]
+
+
 def test_entries_are_bounded_and_counts_fold_into_stats(native_dir):
-    code = _SETUP + textwrap.dedent("""
-    comp = NS(metadata=NS(num_ctas=1, launch_cooperative_grid=False, global_scratch_size=0,
-                          profile_scratch_size=0, num_warps=1, shared=0, launch_pdl=False),
-              src=NS(signature={f"p{j}": "*fp32" for j in range(5)}))
-    args = [("tensor", i) for i in range(5)]
+    code = _SETUP + _ADD + textwrap.dedent("""
     kc = torch.randn(4, 16, 2, 16)
     s = torch.tensor([1])
     for n in range(1, 66):
         k = torch.randn(n, 2, 16)
-        nops.add_launch(OP, (k, k, kc, kc, s), comp, 99, (1, 1), args)
+        add((k, k, kc, kc, s), [("tensor", i) for i in range(5)],
+            sig={f"p{j}": "*fp32" for j in range(5)})
     print(nops.entries(OP))  # 64 at most: the 65th cleared the table first
     # stats() asks the library for its hit counts (none launched on a CPU) without error
     print(kdispatch.stats().resolutions)

@@ -43,6 +43,9 @@ log2-sum-exp, row ``head * QLEN + token``) are those of the Triton stage 1 with
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -55,7 +58,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kdispatch.kernels.decode_attention.checks import q_dims
+from kdispatch.kernels._common import interpreting
+from kdispatch.kernels.decode_attention.checks import q_dims, shares_latent
+from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE_SIZES,
+                                                     gluon_config)
 
 LOG2E = 1.4426950408889634
 BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
@@ -351,3 +357,26 @@ def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits,
           "DPE": DPE, "num_warps": NUM_WARPS, "QLEN": t, "BLOCK_N": BLOCK_N,
           "GRID_SPLITS": grid_splits}
     return (-(-(t * h) // BLOCK_H), b, grid_splits), args, kw
+
+
+def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               block_table: torch.Tensor, seq_lens: torch.Tensor, sliding_window: Any,
+               logit_cap: float, config: Any) -> bool:
+    """Whether this call can run the Gluon stage 1 of ``config``: a GPU (not the
+    interpreter), a bf16 q (3-D or 4-D) whose (request, token, head) rows share one row
+    stride (TMA reads a tile's rows as one box), a bf16 latent of 16/32/64-token pages
+    whose 576-wide rows are contiguous, 16-byte aligned and packed page after page (TMA
+    copies a page as one box), unit-stride block-table rows and lengths, no window, no logit cap,
+    and the Gluon tile itself."""
+    if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
+        return False
+    if config != gluon_config(int(config.num_kv_splits)):
+        return False
+    rows, page = k_cache.stride(1), k_cache.shape[1]
+    return (q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+            and shares_latent(k_cache, v_cache) and q_rows_uniform(q)
+            and page in GLUON_PAGE_SIZES and tuple(k_cache.shape[2:]) == (1, GLUON_HEAD_DIMS[0])
+            and v_cache.shape[3] == GLUON_HEAD_DIMS[1] and k_cache.stride(3) == 1
+            and k_cache.stride(0) == page * rows and rows % 8 == 0
+            and k_cache.data_ptr() % 16 == 0 and k_cache.shape[0] * page < 2**31
+            and block_table.stride(1) == 1 and seq_lens.stride(0) == 1)

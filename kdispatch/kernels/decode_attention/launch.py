@@ -25,12 +25,10 @@ from kdispatch import dispatcher as _dispatch
 from kdispatch.device import Device
 from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
-from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, q_rows_uniform,
+from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, gluon_call,
                                                           stage1_launch_args)
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
-from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE_SIZES,
-                                                     gluon_config, grid_splits,
-                                                     resident_per_sm, tile_smem)
+from kdispatch.kernels.decode_attention.spec import grid_splits, resident_per_sm, tile_smem
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
@@ -319,29 +317,6 @@ def _launch_jit(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return compiled[0], compiled[1] if len(compiled) > 1 else None
 
 
-def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               block_table: torch.Tensor, seq_lens: torch.Tensor, sliding_window: Any,
-               logit_cap: float, config: Any) -> bool:
-    """Whether this call can run the Gluon stage 1 of ``config``: a GPU (not the
-    interpreter), a bf16 q (3-D or 4-D) whose (request, token, head) rows share one row
-    stride (TMA reads a tile's rows as one box), a bf16 latent of 16/32/64-token pages
-    whose 576-wide rows are contiguous, 16-byte aligned and packed page after page (TMA
-    copies a page as one box), unit-stride block-table rows and lengths, no window, no logit cap,
-    and the Gluon tile itself."""
-    if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
-        return False
-    if config != gluon_config(int(config.num_kv_splits)):
-        return False
-    rows, page = k_cache.stride(1), k_cache.shape[1]
-    return (q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
-            and shares_latent(k_cache, v_cache) and q_rows_uniform(q)
-            and page in GLUON_PAGE_SIZES and tuple(k_cache.shape[2:]) == (1, GLUON_HEAD_DIMS[0])
-            and v_cache.shape[3] == GLUON_HEAD_DIMS[1] and k_cache.stride(3) == 1
-            and k_cache.stride(0) == page * rows and rows % 8 == 0
-            and k_cache.data_ptr() % 16 == 0 and k_cache.shape[0] * page < 2**31
-            and block_table.stride(1) == 1 and seq_lens.stride(0) == 1)
-
-
 def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                   sliding_window: Any, logit_cap: float, k_scale: Any = None,
@@ -467,6 +442,30 @@ def _fast_check(e: _Entry, tensors: tuple[Any, ...], options: tuple[Any, ...],
         _FAST = e
 
 
+def _signature(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any,
+               qp: int, kp: int, vp: int, bp: int, sp: int, dev: int, out: Any, k_scale: Any,
+               v_scale: Any, sliding_window: Any, logit_cap: Any, batch_invariant: Any,
+               config: Any) -> tuple[Any, ...]:
+    """What a call's cache entry is keyed on (``qp`` ... ``sp``: the five data pointers)."""
+    return (q.shape, q.stride(), q.dtype, dev, k_cache.shape, k_cache.stride(),
+            k_cache.dtype, k_cache.get_device(), v_cache.shape, v_cache.stride(),
+            v_cache.dtype, v_cache.get_device(), block_table.shape,
+            block_table.stride(), block_table.dtype, block_table.get_device(),
+            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(),
+            qp & 15, kp & 15, vp & 15, bp & 15, sp & 15, vp == kp, tensor_sig(out),
+            tensor_sig(k_scale), tensor_sig(v_scale), sliding_window, logit_cap > 0,
+            batch_invariant, None if config is None else id(config))
+
+
+def cached_entry(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
+                 seq_lens: Any) -> _Entry | None:
+    """The current entry of a plain call (no output, options or scales) of these tensors."""
+    ptrs = [t.data_ptr() for t in (q, k_cache, v_cache, block_table, seq_lens)]
+    e = _CACHE.get(_signature(q, k_cache, v_cache, block_table, seq_lens, *ptrs,
+                              q.get_device(), None, None, None, None, 0.0, False, None))
+    return e if e is not None and e.dispatcher is _dispatch._DISPATCHER else None
+
+
 def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any,
                      scale: float, out: Any = None, sliding_window: Any = None,
                      logit_cap: float = 0.0, batch_invariant: bool = False,
@@ -498,14 +497,9 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_l
             qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             bp, sp = block_table.data_ptr(), seq_lens.data_ptr()
             dev = q.get_device()
-            sig = (q.shape, q.stride(), q.dtype, dev, k_cache.shape, k_cache.stride(),
-                   k_cache.dtype, k_cache.get_device(), v_cache.shape, v_cache.stride(),
-                   v_cache.dtype, v_cache.get_device(), block_table.shape,
-                   block_table.stride(), block_table.dtype, block_table.get_device(),
-                   seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(),
-                   qp & 15, kp & 15, vp & 15, bp & 15, sp & 15, vp == kp, tensor_sig(out),
-                   tensor_sig(k_scale), tensor_sig(v_scale), sliding_window, logit_cap > 0,
-                   batch_invariant, None if config is None else id(config))
+            sig = _signature(q, k_cache, v_cache, block_table, seq_lens, qp, kp, vp, bp, sp,
+                             dev, out, k_scale, v_scale, sliding_window, logit_cap,
+                             batch_invariant, config)
             e = _CACHE.get(sig)
             scalars_ok = _scalars_ok(scale, logit_cap)
         except (AttributeError, TypeError):  # not tensors, or an unhashable argument

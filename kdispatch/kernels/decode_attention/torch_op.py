@@ -8,6 +8,14 @@ the dispatcher), so the common call does not carry six unused ones. A call throu
 packet (``torch.ops.kdispatch.decode_attention(...)``) with more arguments reaches
 ``.full`` after the default refuses them, which costs a few microseconds: code that passes
 them on every call names ``.full`` (the public function does so under torch.compile).
+
+Where the native launch cache is built (``kdispatch build-ops``; see
+:mod:`kdispatch.native`), the default overload's CUDA kernel is C++: a call whose tensors
+have the layout of one the Python path already launched directly is served there (output
+and workspace allocated, stage 1 and the reduce launched) without a trip into Python; any
+other call (a Gluon tile's, whose TMA descriptors are built per call, or a new layout)
+goes to ``kdispatch::_decode_attention_slow`` (the same schema, the Python path), which
+hands its launches to the cache. ``KDISPATCH_FAST_OPS=0`` keeps the Python kernel.
 """
 
 from __future__ import annotations
@@ -17,9 +25,12 @@ from typing import Any
 
 import torch
 
+from kdispatch.kernels.decode_attention.launch import cached_entry
 from kdispatch.kernels.decode_attention.launch import decode_attention as _decode
 from kdispatch.kernels.decode_attention.spec import DecodeConfig
-from kdispatch.torch_library import define
+from kdispatch.launching import hooks_installed
+from kdispatch.native import ops as _native
+from kdispatch.torch_library import add_kernel, define
 
 _ARGS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
          "float scale, int? sliding_window=None, float logit_cap=0.0, "
@@ -28,6 +39,8 @@ _ARGS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor s
 _LEAN = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
          "float scale")
 SCHEMA = f"decode_attention({_LEAN}) -> Tensor"
+SCHEMA_SLOW = f"_decode_attention_slow({_LEAN}) -> Tensor"
+NATIVE_OP = "kdispatch::decode_attention"
 SCHEMA_FULL = f"decode_attention.full({_ARGS}) -> Tensor"
 SCHEMA_OUT = f"decode_attention_out({_LEAN}, *, Tensor(a!) out) -> ()"
 SCHEMA_OUT_FULL = f"decode_attention_out.full({_ARGS}, *, Tensor(a!) out) -> ()"
@@ -43,6 +56,48 @@ def _impl_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                block_table: torch.Tensor, seq_lens: torch.Tensor,
                scale: float) -> torch.Tensor:
     return _decode(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def _impl_slow(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               block_table: torch.Tensor, seq_lens: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """The native kernel's miss: the Python path, then its direct launches to the cache."""
+    o = _decode(q, k_cache, v_cache, block_table, seq_lens, scale)
+    if not hooks_installed():
+        e = cached_entry(q, k_cache, v_cache, block_table, seq_lens)
+        if e is not None and e.stage1 is not None and not e.plan.capped:
+            launches, allocs = native_launches(e, q.dtype)
+            _native.add_launches(NATIVE_OP, (q, k_cache, v_cache, block_table, seq_lens),
+                                 launches, keep=(e.zeros,), allocs=allocs, returns=0,
+                                 counter=e.resolved)
+    return o
+
+
+def native_launches(e: Any, dtype: torch.dtype
+                    ) -> tuple[list[_native.NativeLaunch], list[tuple[Any, Any, bool]]]:
+    """A plain call's launches of cache entry ``e`` (tensors 0-4: q, k_cache, v_cache,
+    block_table, seq_lens; argument 5: scale) and its allocations: the output (``dtype``,
+    q's), then the partials buffer (partial outputs, then their lse at a byte offset) and
+    the zeroed counters where the plan has them -- what the Python direct path passes,
+    slot for slot."""
+    p = e.plan
+    allocs: list[tuple[Any, Any, bool]] = [(p.out_shape, dtype, False)]
+    out = po = pl = cnt = ("alloc", 0)
+    if p.partials_shape is not None:
+        allocs.append(((e.tail2[0],), torch.float32, False))
+        po, pl = ("alloc", 1), ("alloc", 1, e.tail2[1])
+        cnt = pl
+        if p.counters_shape is not None:
+            allocs.append((p.counters_shape, torch.int32, True))
+            cnt = ("alloc", 2)
+    sl = ("tensor", 4)
+    kv = (("tensor", 1),) if p.latent else (("tensor", 1), ("tensor", 2))
+    stage1 = [("tensor", 0), *kv, ("tensor", 3), sl, out, po, pl, cnt, sl, sl,
+              ("ptr", e.zeros.data_ptr()), ("scalar", 5, p.log2e_scale), 1.0, *e.tail1]
+    launches = [_native.NativeLaunch.of(e.stage1, stage1)]
+    if e.reduce is not None:
+        launches.append(_native.NativeLaunch.of(e.reduce, [sl, po, pl, out, *e.tail2[2:]]))
+    return launches, allocs
 
 
 def _impl_out_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -83,7 +138,18 @@ def _fake_out(*args: Any, out: Any, **kwargs: Any) -> None:
     return None
 
 
-define("kdispatch", SCHEMA, _impl_lean, _fake)  # the default overload first: the packet
-define("kdispatch", SCHEMA_FULL, _impl, _fake)  # tries overloads in definition order
+def _register_lean() -> None:
+    """The default overload first: the packet tries overloads in definition order."""
+    if not _native.load():
+        define("kdispatch", SCHEMA, _impl_lean, _fake)
+        return
+    define("kdispatch", SCHEMA, _impl_lean, _fake, backends=("CPU",))
+    define("kdispatch", SCHEMA_SLOW, _impl_slow, _fake, backends=("CUDA",))
+    if not _native.install(NATIVE_OP, "kdispatch::_decode_attention_slow", n_tensors=5):
+        add_kernel("kdispatch", "decode_attention", _impl_lean, "CUDA")
+
+
+_register_lean()
+define("kdispatch", SCHEMA_FULL, _impl, _fake)
 define("kdispatch", SCHEMA_OUT, _impl_out_lean, _fake_out)
 define("kdispatch", SCHEMA_OUT_FULL, _impl_out, _fake_out)
