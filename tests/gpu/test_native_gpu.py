@@ -75,7 +75,6 @@ def run(code: str, native_dir: Path) -> str:
 
 def test_native_writes_match_the_public_function_and_recheck_layouts(native_dir):
     out = run("""
-    torch.cuda.set_sync_debug_mode("error")
     bad = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for t in (1, 15, 16, 17, 64, 65):
@@ -85,11 +84,12 @@ def test_native_writes_match_the_public_function_and_recheck_layouts(native_dir)
                     s = slots(t, seed=rep + t)
                     kc, vc = caches(dtype)
                     kc2, vc2 = kc.clone(), vc.clone()
+                    torch.cuda.set_sync_debug_mode("error")
                     torch.ops.kdispatch.write_kv(k, v, kc, vc, s)
+                    torch.cuda.set_sync_debug_mode(0)
                     kdispatch.write_kv(k, v, kc2, vc2, s)
                     if not (torch.equal(kc, kc2) and torch.equal(vc, vc2)):
                         bad.append((str(dtype), t, strided, rep))
-    torch.cuda.set_sync_debug_mode(0)
     print("bad", bad)
     print("entries", nops.entries(OP))
     """, native_dir)
@@ -167,7 +167,7 @@ def decode_inputs(kind, b, ctx, seed=0, page=16):
 
 
 def test_native_decode_matches_the_public_function(native_dir):
-    out = run(_DECODE + """
+    out = run(_DECODE + textwrap.dedent("""
     DOP = "kdispatch::decode_attention"
     bad, served = [], []
     for kind in ("gqa", "mla"):
@@ -186,13 +186,13 @@ def test_native_decode_matches_the_public_function(native_dir):
             served.append(nops.entries(DOP) - before)
     print("bad", bad)
     print("served", served)
-    """, native_dir)
+    """), native_dir)
     assert "bad []" in out
     assert "served [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]" in out  # one entry per layout
 
 
 def test_native_decode_replays_in_a_graph_and_counts(native_dir):
-    out = run(_DECODE + """
+    out = run(_DECODE + textwrap.dedent("""
     q, kc, vc, bt, sl = decode_inputs("mla", 8, 4096)
     torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.07)  # remembered
     before = kdispatch.stats().resolutions
@@ -215,5 +215,5 @@ def test_native_decode_replays_in_a_graph_and_counts(native_dir):
         want = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.07)
         bad += not torch.equal(o, want)
     print("counted", counted, "graph bad", bad)
-    """, native_dir)
+    """), native_dir)
     assert "counted 10 graph bad 0" in out
