@@ -21,7 +21,8 @@
 // device-guard interface, so the library also builds and loads on a CPU-only torch.
 //
 // Ops (namespace kdispatch_native; Python: kdispatch.native.ops):
-//   install(op, slow, n_tensors, dispatch_key)   the C++ kernel on `op` at `dispatch_key`
+//   install(op, slow, tensor_args, dispatch_key)  the C++ kernel on `op` at `dispatch_key`;
+//       the call's tensors are the arguments at positions `tensor_args`
 //   add(op, tensors, keep, alloc_like, alloc_zero, returns, launches) -> id (-1: refused)
 //   probe(op, tensors, args) -> ([id, slot...], allocations) what a call would launch
 //   clear()   drop every entry          take_counts() -> [id, hits, ...] (and zero them)
@@ -99,6 +100,7 @@ struct Entry {
 
 struct OpTable {
   size_t n_tensors = 0;
+  std::vector<size_t> positions;  // the argument positions of the call's tensors
   std::string slow;
   std::optional<c10::OperatorHandle> slow_op;
   std::vector<Entry> entries;
@@ -173,12 +175,13 @@ bool matches(const Entry& e, const at::Tensor* const* ts, size_t n) {
 // A float argument the launches may read: a finite double.
 bool scalar_ok(const c10::IValue& v) { return v.isDouble() && std::isfinite(v.toDouble()); }
 
-// The call's first n arguments as tensors, or false when one is not a defined tensor.
-bool tensors_of(const torch::jit::Stack& stack, size_t first, size_t n,
-                const at::Tensor** out) {
-  if (n > kMaxTensors || stack.size() < first + n) return false;
-  for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = stack[first + i];
+// The call's tensor arguments (at `positions`, after `first`), or false when one is not
+// a defined tensor.
+bool tensors_of(const torch::jit::Stack& stack, size_t first,
+                const std::vector<size_t>& positions, const at::Tensor** out) {
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (stack.size() <= first + positions[i]) return false;
+    const c10::IValue& v = stack[first + positions[i]];
     if (!v.isTensor()) return false;
     out[i] = &v.toTensor();
   }
@@ -268,7 +271,7 @@ class FastKernel final : public c10::OperatorKernel {
     std::optional<c10::OperatorHandle> slow;
     {
       std::lock_guard<std::mutex> guard(g_mutex);
-      if (tensors_of(*stack, first, table_->n_tensors, ts) && driver().launch != nullptr) {
+      if (tensors_of(*stack, first, table_->positions, ts) && driver().launch != nullptr) {
         for (Entry& e : table_->entries) {
           if (serve(e, *stack, first, n_args, ts)) return;
         }
@@ -307,16 +310,21 @@ class FastKernel final : public c10::OperatorKernel {
   std::shared_ptr<OpTable> table_;
 };
 
-void install(std::string op, std::string slow, int64_t n_tensors, std::string dispatch_key) {
-  TORCH_CHECK(n_tensors > 0 && static_cast<size_t>(n_tensors) <= kMaxTensors,
-              "kdispatch_native.install: n_tensors must be in [1, ", kMaxTensors, "]");
+void install(std::string op, std::string slow, c10::IntArrayRef tensor_args,
+             std::string dispatch_key) {
+  TORCH_CHECK(!tensor_args.empty() && tensor_args.size() <= kMaxTensors,
+              "kdispatch_native.install: 1 to ", kMaxTensors, " tensor_args");
   const auto sep = op.find("::");
   TORCH_CHECK(sep != std::string::npos, "kdispatch_native.install: op must be ns::name");
   std::lock_guard<std::mutex> guard(g_mutex);
   TORCH_CHECK(g_tables.find(op) == g_tables.end(), "kdispatch_native: ", op,
               " is already installed");
   auto table = std::make_shared<OpTable>();
-  table->n_tensors = static_cast<size_t>(n_tensors);
+  for (int64_t p : tensor_args) {
+    TORCH_CHECK(p >= 0, "kdispatch_native.install: tensor_args must be >= 0");
+    table->positions.push_back(static_cast<size_t>(p));
+  }
+  table->n_tensors = table->positions.size();
   table->slow = slow;
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, op.substr(0, sep),
                                               c10::parseDispatchKey(dispatch_key), __FILE__,
@@ -460,7 +468,7 @@ int64_t entries(std::string op) {
 }  // namespace
 
 TORCH_LIBRARY(kdispatch_native, m) {
-  m.def("install(str op, str slow, int n_tensors, str dispatch_key) -> ()", &install);
+  m.def("install(str op, str slow, int[] tensor_args, str dispatch_key) -> ()", &install);
   m.def("add(str op, Tensor[] tensors, Tensor[] keep, Tensor[] alloc_like, int[] alloc_zero, "
         "int returns, int[] launches) -> int", &add);
   m.def("probe(str op, Tensor[] tensors, float[] args) -> (int[], Tensor[])", &probe);

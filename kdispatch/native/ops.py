@@ -37,17 +37,20 @@ _LOCK = threading.Lock()
 _INT_TYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"})
 
 
-def install(op: str, slow: str, n_tensors: int, dispatch_key: str = "CUDA") -> bool:
+def install(op: str, slow: str, tensor_args: Sequence[int],
+            dispatch_key: str = "CUDA") -> bool:
     """Put the C++ kernel on ``op`` (``ns::name``, its default overload) at
-    ``dispatch_key``; calls it cannot launch go to ``slow`` (same schema). False when the
-    library is not loaded or the install fails (the caller registers its Python kernel)."""
+    ``dispatch_key``; the call's tensors (what an entry checks and slots name by index) are
+    its arguments at positions ``tensor_args``; calls it cannot launch go to ``slow`` (same
+    schema). False when the library is not loaded or the install fails (the caller
+    registers its Python kernel)."""
     if not load():
         return False
     with _LOCK:
         if op in _INSTALLED:
             return True
         try:
-            ops().install(op, slow, n_tensors, dispatch_key)
+            ops().install(op, slow, list(tensor_args), dispatch_key)
         except Exception:  # noqa: BLE001 - the caller keeps the Python kernel
             return False
         _INSTALLED.add(op)

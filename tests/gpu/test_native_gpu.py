@@ -178,20 +178,24 @@ def test_native_decode_matches_the_public_function(native_dir):
             q, kc, vc, bt, sl = decode_inputs(kind, b, ctx)
             ref = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.07)
             before = nops.entries(DOP)
+            before_out = nops.entries(DOP + "_out")
+            given = torch.empty_like(ref)
             for rep in range(3):
                 sl = torch.randint(1, ctx + 1, (b,), device=dev, dtype=torch.int32)
                 want = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.07)
                 torch.cuda.set_sync_debug_mode("error")
                 got = torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.07)
+                torch.ops.kdispatch.decode_attention_out(q, kc, vc, bt, sl, 0.07, out=given)
                 torch.cuda.set_sync_debug_mode(0)
-                if not torch.equal(got, want):
+                if not (torch.equal(got, want) and torch.equal(given, want)):
                     bad.append((kind, b, ctx, rep))
             served.append(nops.entries(DOP) - before)
+            served.append(nops.entries(DOP + "_out") - before_out)
     print("bad", bad)
     print("served", served)
     """), native_dir)
     assert "bad []" in out
-    assert "served [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]" in out  # one entry per layout
+    assert f"served {[1] * 20}" in out  # one entry per layout and form
 
 
 def test_native_decode_replays_in_a_graph_and_counts(native_dir):

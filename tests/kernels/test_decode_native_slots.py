@@ -40,7 +40,7 @@ def _inputs(latent: bool, b: int = 3, page: int = 16, pages: int = 6):
     return q, kc, vc, bt, sl
 
 
-def _slot(a, tensors, out, zeros, scale):
+def _slot(a, tensors, out, zeros, out_given):
     """The Python path's argument ``a`` as a native slot (what it must be packed as)."""
     if not isinstance(a, torch.Tensor):
         return a
@@ -48,12 +48,13 @@ def _slot(a, tensors, out, zeros, scale):
         if a is t:
             return ("tensor", i)
     if a is out:
-        return ("alloc", 0)
+        return ("tensor", 5) if out_given else ("alloc", 0)
     if a is zeros:
         return ("ptr", zeros.data_ptr())
+    first = 0 if out_given else 1  # the partials buffer's allocation: after the output's
     if a.dtype == torch.int32:
-        return ("alloc", 2)  # the merge's zeroed counters
-    return ("alloc", 1, a.data_ptr())  # a view into the partials buffer: offset below
+        return ("alloc", first + 1)  # the merge's zeroed counters
+    return ("alloc", first, a.data_ptr())  # a view into the partials buffer: offset below
 
 
 def _evaluate(arg, scale):
@@ -62,6 +63,7 @@ def _evaluate(arg, scale):
     return arg
 
 
+@pytest.mark.parametrize("out_given", [False, True], ids=["functional", "out"])
 @pytest.mark.parametrize("latent,override", [
     (False, {"num_kv_splits": 4, "pdl": False, "merge": False}),
     (False, {"num_kv_splits": 1, "pdl": False, "merge": False}),
@@ -69,13 +71,18 @@ def _evaluate(arg, scale):
     (True, {"num_kv_splits": 4, "pdl": False, "merge": True, "block_h": 16}),
     (True, {"num_kv_splits": 1, "pdl": False, "merge": False, "block_h": 16}),
 ])
-def test_native_launches_pass_the_python_paths_arguments(monkeypatch, latent, override):
+def test_native_launches_pass_the_python_paths_arguments(monkeypatch, latent, override,
+                                                        out_given):
     monkeypatch.setenv("KDISPATCH_OVERRIDE", json.dumps({"decode_attention": override}))
     kdispatch.reset_dispatcher()
     q, kc, vc, bt, sl = tensors = _inputs(latent)
     scale = 0.125
-    kdispatch.decode_attention(q, kc, vc, bt, sl, scale=scale)
-    e = dlaunch.cached_entry(q, kc, vc, bt, sl)
+    given = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=scale)
+    if out_given:  # the out= form's own entry
+        kdispatch.decode_attention(q, kc, vc, bt, sl, scale=scale, out=given)
+    else:
+        given = None
+    e = dlaunch.cached_entry(q, kc, vc, bt, sl, given)
     assert e is not None and e.plan.latent == latent
     assert e.config.num_kv_splits == override["num_kv_splits"]
     assert e.config.merge == override["merge"]
@@ -85,19 +92,20 @@ def test_native_launches_pass_the_python_paths_arguments(monkeypatch, latent, ov
     e.reduce = (None if p.reduce_grid is None else
                 NS(compiled=None, function=0, g0=p.reduce_grid[0], g1=p.reduce_grid[1],
                    g2=p.reduce_grid[2]))
-    native, allocs = native_launches(e, q.dtype)
-    out = q.new_empty(p.out_shape)
+    native, allocs = native_launches(e, q.dtype, out_given)
+    out = given if out_given else q.new_empty(p.out_shape)
     jit = dlaunch.launches(p, q, kc, vc, bt, sl, out, scale, 0.0, e.window, None, None,
                            e.zeros)
     assert len(native) == len(jit) == (1 if p.reduce_grid is None else 2)
-    assert allocs[0] == (p.out_shape, q.dtype, False)
-    assert (len(allocs) > 1) == (p.partials_shape is not None)
+    if not out_given:
+        assert allocs.pop(0) == (p.out_shape, q.dtype, False)
+    assert (len(allocs) > 0) == (p.partials_shape is not None)
     if p.partials_shape is not None:
-        assert allocs[1] == ((e.tail2[0],), torch.float32, False)
-        assert (len(allocs) == 3) == (p.counters_shape is not None)
+        assert allocs[0] == ((e.tail2[0],), torch.float32, False)
+        assert (len(allocs) == 2) == (p.counters_shape is not None)
     for nat, data in zip(native, jit):
         assert tuple(nat.grid) == tuple(data.grid) + (1,) * (3 - len(data.grid))
-        want = [_slot(a, tensors, out, e.zeros, scale) for a in data.args]
+        want = [_slot(a, tensors, out, e.zeros, out_given) for a in data.args]
         base = min((w[2] for w in want if isinstance(w, tuple) and len(w) == 3),
                    default=0)
         want = [(w[0], w[1]) if isinstance(w, tuple) and len(w) == 3 and w[2] == base

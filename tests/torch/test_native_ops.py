@@ -119,21 +119,25 @@ def test_write_kv_runs_through_the_cache_where_built(native_dir):
 
 def test_decode_runs_through_the_cache_where_built(native_dir):
     code = _SETUP + textwrap.dedent("""
-    DOP = "kdispatch::decode_attention"
-    cuda = [ln for ln in torch._C._dispatch_dump(DOP).splitlines() if ln.startswith("CUDA")]
-    print(nops.installed(DOP), "launch_cache.cpp" in cuda[0],
-          "kdispatch::_decode_attention_slow" in torch._C._dispatch_get_all_op_names())
+    names = torch._C._dispatch_get_all_op_names()
+    for name in ("decode_attention", "decode_attention_out"):
+        op = "kdispatch::" + name
+        cuda = [ln for ln in torch._C._dispatch_dump(op).splitlines() if ln.startswith("CUDA")]
+        print(nops.installed(op), "launch_cache.cpp" in cuda[0],
+              f"kdispatch::_{name}_slow" in names)
     q = torch.randn(2, 4, 32)
     kc, vc = torch.randn(4, 16, 2, 32), torch.randn(4, 16, 2, 32)
     bt = torch.arange(4, dtype=torch.int32).view(2, 2)
     sl = torch.tensor([1, 17], dtype=torch.int32)
     a = torch.ops.kdispatch.decode_attention(q, kc, vc, bt, sl, 0.2)
     b = kdispatch.decode_attention(q, kc, vc, bt, sl, scale=0.2)
-    print(torch.equal(a, b))
+    c = torch.empty_like(a)
+    torch.ops.kdispatch.decode_attention_out(q, kc, vc, bt, sl, 0.2, out=c)
+    print(torch.equal(a, b), torch.equal(c, b))
     """)
     r = run_py(code, native_dir)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "True", "True", "True"]
+    assert r.stdout.split() == ["True"] * 8
 
 
 def test_fast_ops_off_keeps_the_python_kernel(native_dir):
@@ -143,11 +147,12 @@ def test_fast_ops_off_keeps_the_python_kernel(native_dir):
     print(loaded() is None, nops.installed(OP), "launch_cache.cpp" in cuda[0],
           "kdispatch::_write_kv_slow" in torch._C._dispatch_get_all_op_names(),
           nops.installed("kdispatch::decode_attention"),
-          "kdispatch::_decode_attention_slow" in torch._C._dispatch_get_all_op_names())
+          "kdispatch::_decode_attention_slow" in torch._C._dispatch_get_all_op_names(),
+          nops.installed("kdispatch::decode_attention_out"))
     """)
     r = run_py(code, native_dir, KDISPATCH_FAST_OPS="0")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "False", "False", "False", "False", "False"]
+    assert r.stdout.split() == ["True"] + ["False"] * 6
 
 
 def test_a_library_that_fails_to_load_warns_once(native_dir, tmp_path):

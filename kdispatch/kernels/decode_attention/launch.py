@@ -457,12 +457,12 @@ def _signature(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: A
             batch_invariant, None if config is None else id(config))
 
 
-def cached_entry(q: Any, k_cache: Any, v_cache: Any, block_table: Any,
-                 seq_lens: Any) -> _Entry | None:
-    """The current entry of a plain call (no output, options or scales) of these tensors."""
+def cached_entry(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any,
+                 out: Any = None) -> _Entry | None:
+    """The current entry of a plain call (no options or scales) of these tensors."""
     ptrs = [t.data_ptr() for t in (q, k_cache, v_cache, block_table, seq_lens)]
     e = _CACHE.get(_signature(q, k_cache, v_cache, block_table, seq_lens, *ptrs,
-                              q.get_device(), None, None, None, None, 0.0, False, None))
+                              q.get_device(), out, None, None, None, 0.0, False, None))
     return e if e is not None and e.dispatcher is _dispatch._DISPATCHER else None
 
 

@@ -10,12 +10,13 @@ packet (``torch.ops.kdispatch.decode_attention(...)``) with more arguments reach
 them on every call names ``.full`` (the public function does so under torch.compile).
 
 Where the native launch cache is built (``kdispatch build-ops``; see
-:mod:`kdispatch.native`), the default overload's CUDA kernel is C++: a call whose tensors
+:mod:`kdispatch.native`), the default overloads' CUDA kernels are C++: a call whose tensors
 have the layout of one the Python path already launched directly is served there (output
 and workspace allocated, stage 1 and the reduce launched) without a trip into Python; any
 other call (a Gluon tile's, whose TMA descriptors are built per call, or a new layout)
-goes to ``kdispatch::_decode_attention_slow`` (the same schema, the Python path), which
-hands its launches to the cache. ``KDISPATCH_FAST_OPS=0`` keeps the Python kernel.
+goes to a slow twin of the same schema (``kdispatch::_decode_attention_slow``,
+``kdispatch::_decode_attention_out_slow``: the Python path), which hands its launches to
+the cache. ``KDISPATCH_FAST_OPS=0`` keeps the Python kernels.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ SCHEMA_SLOW = f"_decode_attention_slow({_LEAN}) -> Tensor"
 NATIVE_OP = "kdispatch::decode_attention"
 SCHEMA_FULL = f"decode_attention.full({_ARGS}) -> Tensor"
 SCHEMA_OUT = f"decode_attention_out({_LEAN}, *, Tensor(a!) out) -> ()"
+SCHEMA_OUT_SLOW = f"_decode_attention_out_slow({_LEAN}, *, Tensor(a!) out) -> ()"
+NATIVE_OUT_OP = "kdispatch::decode_attention_out"
+#: the argument positions of the call's tensors: q, k_cache, v_cache, block_table,
+#: seq_lens (then ``out``, after ``scale``, for the out= form)
+_TENSORS, _TENSORS_OUT = (0, 1, 2, 3, 4), (0, 1, 2, 3, 4, 6)
 SCHEMA_OUT_FULL = f"decode_attention_out.full({_ARGS}, *, Tensor(a!) out) -> ()"
 
 
@@ -58,38 +64,59 @@ def _impl_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return _decode(q, k_cache, v_cache, block_table, seq_lens, scale)
 
 
+def _remember(op: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              block_table: torch.Tensor, seq_lens: torch.Tensor,
+              out: torch.Tensor | None) -> None:
+    """Hand the Python path's direct launches of this plain call to the native cache."""
+    if hooks_installed():
+        return
+    e = cached_entry(q, k_cache, v_cache, block_table, seq_lens, out)
+    if e is not None and e.stage1 is not None and not e.plan.capped:
+        launches, allocs = native_launches(e, q.dtype, out is not None)
+        tensors = (q, k_cache, v_cache, block_table, seq_lens, *(() if out is None else (out,)))
+        _native.add_launches(op, tensors, launches, keep=(e.zeros,), allocs=allocs,
+                             returns=-1 if out is not None else 0, counter=e.resolved)
+
+
 def _impl_slow(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                block_table: torch.Tensor, seq_lens: torch.Tensor,
                scale: float) -> torch.Tensor:
     """The native kernel's miss: the Python path, then its direct launches to the cache."""
     o = _decode(q, k_cache, v_cache, block_table, seq_lens, scale)
-    if not hooks_installed():
-        e = cached_entry(q, k_cache, v_cache, block_table, seq_lens)
-        if e is not None and e.stage1 is not None and not e.plan.capped:
-            launches, allocs = native_launches(e, q.dtype)
-            _native.add_launches(NATIVE_OP, (q, k_cache, v_cache, block_table, seq_lens),
-                                 launches, keep=(e.zeros,), allocs=allocs, returns=0,
-                                 counter=e.resolved)
+    _remember(NATIVE_OP, q, k_cache, v_cache, block_table, seq_lens, None)
     return o
 
 
-def native_launches(e: Any, dtype: torch.dtype
+def _impl_out_slow(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
+                   out: torch.Tensor) -> None:
+    _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out)
+    _remember(NATIVE_OUT_OP, q, k_cache, v_cache, block_table, seq_lens, out)
+
+
+def native_launches(e: Any, dtype: torch.dtype, out_given: bool = False
                     ) -> tuple[list[_native.NativeLaunch], list[tuple[Any, Any, bool]]]:
     """A plain call's launches of cache entry ``e`` (tensors 0-4: q, k_cache, v_cache,
-    block_table, seq_lens; argument 5: scale) and its allocations: the output (``dtype``,
-    q's), then the partials buffer (partial outputs, then their lse at a byte offset) and
-    the zeroed counters where the plan has them -- what the Python direct path passes,
-    slot for slot."""
+    block_table, seq_lens, and 5 the output when ``out_given``; argument 5: scale) and its
+    allocations: the output unless given (``dtype``, q's), then the partials buffer
+    (partial outputs, then their lse at a byte offset) and the zeroed counters where the
+    plan has them -- what the Python direct path passes, slot for slot."""
     p = e.plan
-    allocs: list[tuple[Any, Any, bool]] = [(p.out_shape, dtype, False)]
-    out = po = pl = cnt = ("alloc", 0)
+    allocs: list[tuple[Any, Any, bool]] = []
+    if out_given:
+        out: tuple[Any, ...] = ("tensor", 5)
+    else:
+        out = ("alloc", 0)
+        allocs.append((p.out_shape, dtype, False))
+    po = pl = cnt = out
     if p.partials_shape is not None:
+        ws = len(allocs)
         allocs.append(((e.tail2[0],), torch.float32, False))
-        po, pl = ("alloc", 1), ("alloc", 1, e.tail2[1])
+        po, pl = ("alloc", ws), ("alloc", ws, e.tail2[1])
         cnt = pl
         if p.counters_shape is not None:
+            cnt = ("alloc", len(allocs))
             allocs.append((p.counters_shape, torch.int32, True))
-            cnt = ("alloc", 2)
     sl = ("tensor", 4)
     kv = (("tensor", 1),) if p.latent else (("tensor", 1), ("tensor", 2))
     stage1 = [("tensor", 0), *kv, ("tensor", 3), sl, out, po, pl, cnt, sl, sl,
@@ -138,18 +165,24 @@ def _fake_out(*args: Any, out: Any, **kwargs: Any) -> None:
     return None
 
 
-def _register_lean() -> None:
-    """The default overload first: the packet tries overloads in definition order."""
+def _define_lean(schema: str, impl: Any, fake: Any, slow_schema: str, slow: Any,
+                 tensors: tuple[int, ...]) -> None:
+    """A default (lean) overload: its CUDA kernel the native cache's where it is built (its
+    misses going to the slow twin), else ``impl``, which is always the CPU kernel."""
+    name = schema.split("(", 1)[0]
     if not _native.load():
-        define("kdispatch", SCHEMA, _impl_lean, _fake)
+        define("kdispatch", schema, impl, fake)
         return
-    define("kdispatch", SCHEMA, _impl_lean, _fake, backends=("CPU",))
-    define("kdispatch", SCHEMA_SLOW, _impl_slow, _fake, backends=("CUDA",))
-    if not _native.install(NATIVE_OP, "kdispatch::_decode_attention_slow", n_tensors=5):
-        add_kernel("kdispatch", "decode_attention", _impl_lean, "CUDA")
+    define("kdispatch", schema, impl, fake, backends=("CPU",))
+    define("kdispatch", slow_schema, slow, fake, backends=("CUDA",))
+    slow_name = "kdispatch::" + slow_schema.split("(", 1)[0]
+    if not _native.install(f"kdispatch::{name}", slow_name, tensors):
+        add_kernel("kdispatch", name, impl, "CUDA")
 
 
-_register_lean()
+# each default overload first: the packet tries overloads in definition order
+_define_lean(SCHEMA, _impl_lean, _fake, SCHEMA_SLOW, _impl_slow, _TENSORS)
 define("kdispatch", SCHEMA_FULL, _impl, _fake)
-define("kdispatch", SCHEMA_OUT, _impl_out_lean, _fake_out)
+_define_lean(SCHEMA_OUT, _impl_out_lean, _fake_out, SCHEMA_OUT_SLOW, _impl_out_slow,
+             _TENSORS_OUT)
 define("kdispatch", SCHEMA_OUT_FULL, _impl_out, _fake_out)

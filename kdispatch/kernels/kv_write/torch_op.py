@@ -79,7 +79,7 @@ def _register() -> None:
     else:
         define("kdispatch", SCHEMA, _impl_lean, _fake, backends=("CPU",))
         define("kdispatch", SCHEMA_SLOW, _impl_slow, _fake, backends=("CUDA",))
-        if not _native.install(NATIVE_OP, "kdispatch::_write_kv_slow", n_tensors=5):
+        if not _native.install(NATIVE_OP, "kdispatch::_write_kv_slow", range(5)):
             add_kernel("kdispatch", "write_kv", _impl_lean, "CUDA")
     define("kdispatch", SCHEMA_FULL, _impl, _fake)
 
