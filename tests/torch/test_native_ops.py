@@ -330,3 +330,19 @@ def test_entries_are_bounded_and_counts_fold_into_stats(native_dir):
     r = run_py(code, native_dir)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "0"]
+
+
+def test_doctor_names_the_caches_state(native_dir, monkeypatch, tmp_path):
+    runner = CliRunner()
+
+    def line() -> str:
+        r = runner.invoke(main, ["doctor", "--db", str(tmp_path / "none.sqlite")])
+        assert r.exit_code == 0, r.output
+        return next(ln for ln in r.output.splitlines() if ln.startswith("native launch"))
+
+    monkeypatch.setenv(nbuild.NATIVE_DIR_ENV, str(tmp_path / "empty"))
+    assert "not built (`kdispatch build-ops` builds it)" in line()
+    monkeypatch.setenv(nbuild.NATIVE_DIR_ENV, str(native_dir))
+    assert line().startswith(f"native launch cache: built ({nbuild.library_path()})")
+    monkeypatch.setenv(nbuild.FAST_OPS_ENV, "0")
+    assert line() == "native launch cache: off (KDISPATCH_FAST_OPS=0)"
