@@ -93,6 +93,28 @@ def test_the_gluon_tile_is_the_heuristic_where_it_is_the_best(tmp_path):
     assert sum(r > 1.08 for r in gluon.values()) <= 1, gluon
 
 
+#: session 18's tune on the balanced split grid (session 17's kernels, the hashes shipped
+#: since): the first 24 candidates of every preset key, the heuristic's among them
+DB18 = RESULTS / "session18/h200.sqlite"
+
+
+def test_the_latent_split_rules_hold_on_the_balanced_grids_tune(tmp_path):
+    """The wide (64-row) latent tile's two waves where each split keeps 8k tokens, and its
+    second split at 8k tokens or more below 4 waves (spec.LATENT_WIDE_*), fitted to
+    session 18's tune. Before them, on that tune: 3 of the 64 MLA keys above 1.10x their
+    best (16 heads x 2 tokens b32 x 393,216 at 1.128), 19 above 1.03, geomean 1.028; on
+    session 14's: 3, 22 and 1.028."""
+    mla = {k: round(r, 3) for k, r in _ratios(tmp_path, DB18).items()
+           if k.startswith("decode") and '"head_dim":576,' in k}
+    assert len(mla) == 64
+    assert max(mla.values()) < 1.10, {k: r for k, r in mla.items() if r >= 1.10}
+    assert sum(r > 1.03 for r in mla.values()) <= 6, {k: r for k, r in mla.items() if r > 1.03}
+    assert _geomean(mla.values()) < 1.011
+    old = {k: r for k, r in _ratios(tmp_path).items()
+           if k.startswith("decode") and '"head_dim":576,' in k}
+    assert sum(r > 1.03 for r in old.values()) <= 5 and _geomean(old.values()) < 1.01
+
+
 #: GQA/MHA keys of the recorded tune by head dim
 GQA_KEYS = {64: 14, 96: 4, 128: 24, 256: 14}
 

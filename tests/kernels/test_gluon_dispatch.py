@@ -30,7 +30,13 @@ def _key(device=H200, **change):
 def test_the_heuristic_takes_the_gluon_tile_for_128_heads_on_64_token_pages():
     h = OP.heuristic(_key())
     assert h == spec.gluon_config(2)  # 32 x 2 head blocks x 2 splits: one program per SM
-    assert OP.heuristic(_key(batch=128)) == spec.gluon_config(1)
+    # b128: 256 programs (1.9 waves) unsplit; a second split evens out the last wave at
+    # 8k tokens or more (session 18's tune at 16,384: 1,337 vs 1,413 us unsplit), not at a
+    # 4k context, nor at 4 waves or more unsplit (b512: 1,024 programs)
+    assert OP.heuristic(_key(batch=128)) == spec.gluon_config(2)
+    assert OP.heuristic(_key(batch=128, context=4096)) == spec.gluon_config(1)
+    assert OP.heuristic(_key(batch=256)) == spec.gluon_config(2)  # 512 programs: 3.9 waves
+    assert OP.heuristic(_key(batch=512)) == spec.gluon_config(1)
     assert OP.heuristic(_key(num_q_heads=64)).kernel == "gluon"
 
 

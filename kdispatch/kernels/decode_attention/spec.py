@@ -56,6 +56,22 @@ MIN_TILES_PER_SPLIT_FP8: tuple[tuple[int, int], ...] = ((8192, 4), (1 << 30, 8))
 #: tail wave); TP1 128 heads best at 2 splits (128 programs at 1 per SM).
 LATENT_PROGRAMS_PER_SM = 2
 LATENT_PROGRAMS_PER_SM_WIDE = 1
+#: ... unless each of two waves' splits still reads this many tokens: then the wide tile
+#: takes two waves (the balanced grid since session 17 gives long requests more programs,
+#: so a second wave balances instead of idling). H200 session 18 tune (first 24 candidates
+#: of every preset key, bench/results/nvidia-h200/session18/h200.sqlite): 16 heads x 2
+#: tokens b32 x 393,216 at 8 splits 4,312 us vs 4,864 at the one wave's 4; 128 heads b32 x
+#: 65,536 at 4 splits 1,248 vs 1,348 at 2; fp8 128 heads x 2 tokens b32 x 32,768 2 splits
+#: (merged) 2,716 vs 2,962 at 1; below it one wave stays best (b8 x 16,384 x 2 tokens: 16
+#: splits, 1.14x slower at 32; 128 heads b32 x 8,192: 2 splits, 1.06x slower at 4).
+LATENT_WIDE_TWO_WAVES_MIN_TOKENS = 8192
+#: ... and at contexts of at least this many tokens it splits at least in two (merged by
+#: the last program where the tile merges), unless its grid is this many waves unsplit:
+#: the second split evens out the last wave of a large batch (same tune: 128 heads b128 x
+#: 16,384 at 2 splits 1,337 vs 1,413 us unsplit (bf16, Gluon; 3 splits 1,329); fp8 x 2
+#: tokens b128 x 65,536 at 2 splits merged 21,361 vs 23,509 unsplit, a 3.9-wave grid).
+LATENT_WIDE_MIN_SPLIT_CONTEXT = 8192
+LATENT_WIDE_MIN_SPLIT_MAX_WAVES = 4
 #: minimum tokens per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles
 #: of 32) 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3; in tokens, not tiles, since the
 #: session 9 tune: the fp8 two-token 64-token tile there is best at 128 splits (8 tiles,
@@ -407,14 +423,22 @@ def base_programs(key: DecodeKey, block_h: int) -> int:
 def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
                 num_stages: int = 3) -> int:
     base = base_programs(key, block_h)
+    # resident programs per SM: one 8-warp latent block (>= 162 registers per thread at
+    # every latent tile compiled), two 4-warp blocks
+    wide = key.latent and (block_h >= 64 or num_warps >= 8)
+    least = 1
+    if (wide and key.context >= LATENT_WIDE_MIN_SPLIT_CONTEXT
+            and base < LATENT_WIDE_MIN_SPLIT_MAX_WAVES * key.cu_count):
+        least = 2
     if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
-        return 1
+        return max(1, min(least, max_splits_for_budget(key)))
     if key.latent:
-        # resident programs per SM: one 8-warp latent block (>= 162 registers per thread
-        # at every latent tile compiled), two 4-warp blocks
-        wide = block_h >= 64 or num_warps >= 8
         per_sm = LATENT_PROGRAMS_PER_SM_WIDE if wide else LATENT_PROGRAMS_PER_SM
-        splits = max(1, per_sm * key.cu_count // base)
+        splits = max(least, per_sm * key.cu_count // base)
+        two_waves = max(1, 2 * per_sm * key.cu_count // base)
+        if (wide and two_waves > splits
+                and key.context // two_waves >= LATENT_WIDE_TWO_WAVES_MIN_TOKENS):
+            splits = two_waves
         min_tokens = LATENT_MIN_TOKENS_PER_SPLIT
     else:
         tiles = ladder(MIN_TILES_PER_SPLIT_FP8 if is_fp8(key.kv_dtype) else MIN_TILES_PER_SPLIT,
