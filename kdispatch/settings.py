@@ -20,10 +20,16 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/kdispatch`` (``~/.cache/kdispatch`` when unset): the default home of
+    the database and the native launch cache's builds."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kdispatch"
+
+
 def default_db_path() -> Path:
     """``$XDG_CACHE_HOME/kdispatch/kdispatch.sqlite`` (``~/.cache`` when unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kdispatch" / "kdispatch.sqlite"
+    return cache_dir() / "kdispatch.sqlite"
 
 
 def url_for_path(path: str | Path) -> str:

@@ -17,8 +17,10 @@ functions' outputs (which launch the kernels directly) never do.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from kdispatch.native import ops as native
 
 _LIBS: dict[str, Any] = {}
 _DEFINED: set[str] = set()
@@ -71,3 +73,22 @@ def add_kernel(namespace: str, name: str, impl: Callable[..., Any], backend: str
     """Register ``impl`` for an op :func:`define` defined without ``backend``."""
     with _lock:
         _LIBS[namespace].impl(name, impl, backend)
+
+
+def define_native(namespace: str, schema: str, impl: Callable[..., Any],
+                  fake: Callable[..., Any], slow: Callable[..., Any],
+                  tensor_args: Sequence[int]) -> None:
+    """:func:`define` ``schema`` (an op's default overload) with the native launch cache's
+    C++ kernel at CUDA where the library is loaded (:mod:`kdispatch.native`): the calls it
+    cannot serve go to ``_<name>_slow``, a twin of the same schema whose CUDA kernel is
+    ``slow`` (the Python path, which hands its launches to the cache). ``impl`` stays the
+    CPU kernel, and the CUDA one where the library is not loaded or does not install;
+    ``tensor_args`` are the positions of the call's tensors (what an entry checks)."""
+    name = schema.split("(", 1)[0].strip()
+    if not native.load():
+        define(namespace, schema, impl, fake)
+        return
+    define(namespace, schema, impl, fake, backends=("CPU",))
+    define(namespace, f"_{name}_slow" + schema[len(name):], slow, fake, backends=("CUDA",))
+    if not native.install(f"{namespace}::{name}", f"{namespace}::_{name}_slow", tensor_args):
+        add_kernel(namespace, name, impl, "CUDA")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kdispatch.errors import KDispatchWarning
+from kdispatch.settings import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,7 @@ def enabled() -> bool:
 
 def library_dir() -> Path:
     env = os.environ.get(NATIVE_DIR_ENV)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kdispatch" / "native"
+    return Path(env) if env else cache_dir() / "native"
 
 
 def _abi() -> str:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kdispatch.launching import hooks_installed
 from kdispatch.memo import BEFORE_STATS, ON_RESET
 from kdispatch.native.build import load, ops
 
@@ -147,8 +148,9 @@ def add_launches(op: str, tensors: Sequence[Any], launches: Sequence[NativeLaunc
     layouts become the entry's check), ``launches`` in order, ``keep`` tensors the launches
     read by address, ``allocs`` the buffers each call allocates as (shape, dtype, zeroed),
     ``returns`` the allocation the op returns (-1: none). ``counter`` (a memo entry) gets
-    the entry's calls. The entry's id, or None when refused."""
-    if op not in _INSTALLED:
+    the entry's calls. The entry's id, or None when refused (also while a Triton launch
+    hook is installed: the C++ launches would bypass it)."""
+    if op not in _INSTALLED or hooks_installed():
         return None
     import torch
 

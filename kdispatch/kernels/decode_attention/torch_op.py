@@ -29,9 +29,8 @@ import torch
 from kdispatch.kernels.decode_attention.launch import cached_entry
 from kdispatch.kernels.decode_attention.launch import decode_attention as _decode
 from kdispatch.kernels.decode_attention.spec import DecodeConfig
-from kdispatch.launching import hooks_installed
 from kdispatch.native import ops as _native
-from kdispatch.torch_library import add_kernel, define
+from kdispatch.torch_library import define, define_native
 
 _ARGS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
          "float scale, int? sliding_window=None, float logit_cap=0.0, "
@@ -40,11 +39,9 @@ _ARGS = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor s
 _LEAN = ("Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
          "float scale")
 SCHEMA = f"decode_attention({_LEAN}) -> Tensor"
-SCHEMA_SLOW = f"_decode_attention_slow({_LEAN}) -> Tensor"
 NATIVE_OP = "kdispatch::decode_attention"
 SCHEMA_FULL = f"decode_attention.full({_ARGS}) -> Tensor"
 SCHEMA_OUT = f"decode_attention_out({_LEAN}, *, Tensor(a!) out) -> ()"
-SCHEMA_OUT_SLOW = f"_decode_attention_out_slow({_LEAN}, *, Tensor(a!) out) -> ()"
 NATIVE_OUT_OP = "kdispatch::decode_attention_out"
 #: the argument positions of the call's tensors: q, k_cache, v_cache, block_table,
 #: seq_lens (then ``out``, after ``scale``, for the out= form)
@@ -68,8 +65,6 @@ def _remember(op: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
               block_table: torch.Tensor, seq_lens: torch.Tensor,
               out: torch.Tensor | None) -> None:
     """Hand the Python path's direct launches of this plain call to the native cache."""
-    if hooks_installed():
-        return
     e = cached_entry(q, k_cache, v_cache, block_table, seq_lens, out)
     if e is not None and e.stage1 is not None and not e.plan.capped:
         launches, allocs = native_launches(e, q.dtype, out is not None)
@@ -165,24 +160,9 @@ def _fake_out(*args: Any, out: Any, **kwargs: Any) -> None:
     return None
 
 
-def _define_lean(schema: str, impl: Any, fake: Any, slow_schema: str, slow: Any,
-                 tensors: tuple[int, ...]) -> None:
-    """A default (lean) overload: its CUDA kernel the native cache's where it is built (its
-    misses going to the slow twin), else ``impl``, which is always the CPU kernel."""
-    name = schema.split("(", 1)[0]
-    if not _native.load():
-        define("kdispatch", schema, impl, fake)
-        return
-    define("kdispatch", schema, impl, fake, backends=("CPU",))
-    define("kdispatch", slow_schema, slow, fake, backends=("CUDA",))
-    slow_name = "kdispatch::" + slow_schema.split("(", 1)[0]
-    if not _native.install(f"kdispatch::{name}", slow_name, tensors):
-        add_kernel("kdispatch", name, impl, "CUDA")
-
-
 # each default overload first: the packet tries overloads in definition order
-_define_lean(SCHEMA, _impl_lean, _fake, SCHEMA_SLOW, _impl_slow, _TENSORS)
+define_native("kdispatch", SCHEMA, _impl_lean, _fake, _impl_slow, _TENSORS)
 define("kdispatch", SCHEMA_FULL, _impl, _fake)
-_define_lean(SCHEMA_OUT, _impl_out_lean, _fake_out, SCHEMA_OUT_SLOW, _impl_out_slow,
-             _TENSORS_OUT)
+define_native("kdispatch", SCHEMA_OUT, _impl_out_lean, _fake_out, _impl_out_slow,
+              _TENSORS_OUT)
 define("kdispatch", SCHEMA_OUT_FULL, _impl_out, _fake_out)

@@ -21,14 +21,12 @@ import torch
 
 from kdispatch.kernels.kv_write.launch import write_kv as _write_kv
 from kdispatch.kernels.kv_write.spec import KVWriteConfig
-from kdispatch.launching import hooks_installed
 from kdispatch.native import ops as _native
-from kdispatch.torch_library import add_kernel, define
+from kdispatch.torch_library import define, define_native
 
 _LEAN = ("Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
          "Tensor slot_mapping")
 SCHEMA = f"write_kv({_LEAN}) -> ()"
-SCHEMA_SLOW = f"_write_kv_slow({_LEAN}) -> ()"
 SCHEMA_FULL = (f"write_kv.full({_LEAN}, Tensor? row_mask=None, Tensor? active_rows=None, "
                "str? config=None, Tensor? k_scale=None, Tensor? v_scale=None) -> ()")
 NATIVE_OP = "kdispatch::write_kv"
@@ -53,7 +51,7 @@ def _impl_slow(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """The native kernel's miss: the Python path, then its direct launch to the cache."""
     e = _write_kv(key, value, key_cache, value_cache, slot_mapping)
-    if e is not None and e.direct is not None and not hooks_installed():
+    if e is not None and e.direct is not None:
         _native.remember(NATIVE_OP, (key, value, key_cache, value_cache, slot_mapping),
                          e.direct, _POINTERS, e.tail, e.resolved)
 
@@ -73,15 +71,5 @@ def _fake(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: 
     return None
 
 
-def _register() -> None:
-    if not _native.load():
-        define("kdispatch", SCHEMA, _impl_lean, _fake)  # first: the packet tries it first
-    else:
-        define("kdispatch", SCHEMA, _impl_lean, _fake, backends=("CPU",))
-        define("kdispatch", SCHEMA_SLOW, _impl_slow, _fake, backends=("CUDA",))
-        if not _native.install(NATIVE_OP, "kdispatch::_write_kv_slow", range(5)):
-            add_kernel("kdispatch", "write_kv", _impl_lean, "CUDA")
-    define("kdispatch", SCHEMA_FULL, _impl, _fake)
-
-
-_register()
+define_native("kdispatch", SCHEMA, _impl_lean, _fake, _impl_slow, range(5))  # first: the
+define("kdispatch", SCHEMA_FULL, _impl, _fake)  # packet tries overloads in definition order
