@@ -103,3 +103,21 @@ def db_url(request, tmp_path):
         yield url
     finally:
         drop()
+
+
+@pytest.fixture(scope="module")
+def native_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A directory holding a fresh `kdispatch build-ops` build of the native launch cache
+    (tests pass it to subprocesses as KDISPATCH_NATIVE_DIR)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    d = tmp_path_factory.mktemp("native")
+    proc = subprocess.run([sys.executable, "-m", "kdispatch.cli", "build-ops"],
+                          env={**os.environ, "KDISPATCH_NATIVE_DIR": str(d)},
+                          capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("built ") and proc.stdout.split()[1].endswith(".so")
+    return d

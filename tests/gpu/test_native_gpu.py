@@ -23,16 +23,6 @@ pytestmark = [pytest.mark.gpu,
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def native_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("native")
-    proc = subprocess.run([sys.executable, "-m", "kdispatch.cli", "build-ops"],
-                          env={**os.environ, "KDISPATCH_NATIVE_DIR": str(d)},
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    return d
-
-
 _SETUP = """
 import torch, kdispatch
 from kdispatch.native import ops as nops

@@ -22,17 +22,6 @@ from kdispatch.native import ops as nops
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def native_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("native")
-    env = {**os.environ, nbuild.NATIVE_DIR_ENV: str(d)}
-    proc = subprocess.run([sys.executable, "-m", "kdispatch.cli", "build-ops"], env=env,
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("built ") and proc.stdout.split()[1].endswith(".so")
-    return d
-
-
 def run_py(code: str, native_dir: Path, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, nbuild.NATIVE_DIR_ENV: str(native_dir), "TRITON_INTERPRET": "1",
             **env}
