@@ -2,10 +2,11 @@
 on a machine without a GPU and report ptxas's registers and spills and the shared memory::
 
     PYTHONPATH=. python tools/gluon_mla_compile.py [--splits 1,2] [--rows 128x1,16x2]
-        [--page 16,32,64] [--balance] [--dump DIR]
+        [--page 16,32,64] [--balance] [--kv bf16,fp8] [--dump DIR]
 
 ``--balance`` compiles the balanced grid's variant (twice the splits in the grid: every
-program scans the batch's lengths). Prints one JSON line per (page size, heads x QLEN,
+program scans the batch's lengths); ``--kv fp8`` the fp8 (e4m3) latent's variant, with its
+scale tensors. Prints one JSON line per (page size, heads x QLEN,
 split count); exits 1 when a
 compile fails, spills, or needs more than the 227 KB of shared memory an sm_90 block may
 have. Run without TRITON_INTERPRET.
@@ -31,23 +32,27 @@ SMEM_LIMIT = 227 * 1024
 
 
 def compile_stage1(splits: int, arch: int = 90, heads: int = 128, qlen: int = 1,
-                   page: int = 64, balance: bool = False):
+                   page: int = 64, balance: bool = False, kv: str = "bf16"):
     """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
     grid and the integer specializations; the descriptors' block shapes, the dtypes and
     the alignment are what count). ``qlen`` > 1: a 4-D q; ``page``: the cache's page size;
-    ``balance``: a grid of twice the splits."""
+    ``balance``: a grid of twice the splits; ``kv``: ``"bf16"`` or ``"fp8"`` (scaled)."""
     g = 2 * splits if balance else splits
     b, h = 2, heads
     shape = (b, h) if qlen == 1 else (b, qlen, h)
     q = torch.empty(*shape, G.DV + G.DPE, dtype=torch.bfloat16)
-    kv = torch.empty(9, page, 1, G.DV + G.DPE, dtype=torch.bfloat16)
+    fp8 = kv == "fp8"
+    kv = torch.empty(9, page, 1, G.DV + G.DPE,
+                     dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    scale = torch.ones(1) if fp8 else None
     bt = torch.empty(b, 4, dtype=torch.int32)
     sl = torch.empty(b, dtype=torch.int32)
     r = qlen * h
     ws = torch.empty(b * r * g * (G.DV + 1))
     po = ws[:b * r * g * G.DV].view(b, r, g, G.DV)
     pl = ws[b * r * g * G.DV:].view(b, r, g)
-    grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, g)
+    grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, g, scale,
+                                          scale)
     warps = kw.pop("num_warps")
     return compile_launch(KernelLaunch(G._gluon_mla_stage1, grid, args, kw,
                                        {"num_warps": warps}), arch)
@@ -68,16 +73,19 @@ def main() -> int:
     ap.add_argument("--rows", default="128x1", help="HEADSxQLEN list, e.g. 128x1,16x2")
     ap.add_argument("--page", default="64", help="cache page sizes, e.g. 16,32,64")
     ap.add_argument("--balance", action="store_true", help="the balanced grid's variant")
+    ap.add_argument("--kv", default="bf16", help="cache dtypes: bf16, fp8 or bf16,fp8")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
     args = ap.parse_args()
     bad = 0
     shapes = [tuple(int(v) for v in x.split("x")) for x in args.rows.split(",")]
     pages = [int(x) for x in args.page.split(",")]
-    for pg, (h, t), s in ((pg, hq, int(x)) for pg in pages for hq in shapes
-                          for x in args.splits.split(",")):
-        tag = {"page": pg, "heads": h, "qlen": t, "splits": s, "balance": args.balance}
+    for kv, pg, (h, t), s in ((kv, pg, hq, int(x)) for kv in args.kv.split(",")
+                              for pg in pages for hq in shapes
+                              for x in args.splits.split(",")):
+        tag = {"kv": kv, "page": pg, "heads": h, "qlen": t, "splits": s,
+               "balance": args.balance}
         try:
-            k = compile_stage1(s, heads=h, qlen=t, page=pg, balance=args.balance)
+            k = compile_stage1(s, heads=h, qlen=t, page=pg, balance=args.balance, kv=kv)
         except Exception as exc:  # noqa: BLE001 - report, exit 1
             print(json.dumps({**tag, "error": str(exc)[:4000]}))
             bad += 1
@@ -86,7 +94,7 @@ def main() -> int:
         print(json.dumps(rep), flush=True)
         if args.dump:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
-            stem = f"stage1_p{pg}_h{h}q{t}_s{s}"
+            stem = f"stage1_{kv}_p{pg}_h{h}q{t}_s{s}"
             (Path(args.dump) / f"{stem}.ttgir").write_text(k.asm["ttgir"])
             (Path(args.dump) / f"{stem}.ptx").write_text(k.asm["ptx"])
         bad += bool(rep["regs"] is None or rep["spill_store_bytes"]

@@ -17,12 +17,19 @@ Without it the heuristic at llama b4 x 262k (~1 ms calls) was measured 14-15% sl
 identical twins timed after it, in four tunes (1,095-1,112 us against 952-975), with 0 ms,
 with 5 ms and with 10-15 ms of replays until two 5 ms batches timed the same; with 200 ms
 it measured as its twins (bench/results/nvidia-h200/session13/call7-*.txt, call8-*.txt).
+
+The warm-up does not settle compute-bound keys: at the Gluon MLA tile's keys whichever
+split count was timed first measured up to ~10% slower than when timed later (128 heads
+b32 x 32,768: 2 splits first in session 18's tune, 4 splits first in session 20's, each
+time the other one best; docs/decode_notes.md v14, v20). So the key's first fully timed
+candidate is timed again once its key's other candidates are, and its row keeps the faster
+of the two (:func:`retime_first`, called by the sweep).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kdispatch.opdef import Op, OpConfig
@@ -90,6 +97,21 @@ def pilot_note(timing: Timing, best_us: float) -> str:
     return (f"{PILOT_NOTE}: median of {timing.reps} samples of {timing.calls_per_sample} "
             f"call(s), {timing.median_us / best_us:.2f}x the key's best full measurement "
             f"({best_us:.4g} us; stops above {PILOT_RATIO}x)")
+
+
+#: how a row timed twice (first and again at its key's end) starts its ``error`` text
+RETIMED_NOTE = "timed twice"
+
+
+def retime_first(first: MeasurementIn, again: MeasurementIn) -> MeasurementIn:
+    """The row of a key's first fully timed candidate after its second timing at the key's
+    end: the faster of the two, noting both medians; the first row unchanged when the
+    second is not a full ok timing (it failed verification or stopped at its pilot)."""
+    if (again.status != "ok" or again.median_us is None or first.median_us is None
+            or (again.error or "").startswith(PILOT_NOTE)):
+        return first
+    keep = again if again.median_us < first.median_us else first
+    return replace(keep, error=f"{RETIMED_NOTE} (at its key's start and end): the faster kept")
 
 
 def measure(spec: Op, key: Any, cfg: OpConfig, role: Role, inputs: KeyInputs, tdev: Any,

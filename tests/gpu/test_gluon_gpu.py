@@ -1,7 +1,7 @@
 """The Gluon MLA stage 1 (``kernel="gluon"``) through the public op on the H200: graph
-capture and replay over ragged lengths and new page tables, bits stable run to run and
-batch invariant, page ids outside the cache never read, and the calls it cannot take
-falling back to the Triton tile."""
+capture and replay over ragged lengths and new page tables (and, for an fp8 latent, new
+scales), bits stable run to run and batch invariant, page ids outside the cache never read,
+and the calls it cannot take falling back to the Triton tile."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 import kdispatch
 from graph_capture import capture
+from kdispatch.kernels._common import quantize_fp8
 from kdispatch.kernels.decode_attention import reference_decode_attention
 from kdispatch.kernels.decode_attention.launch import checked_plan
 from kdispatch.kernels.decode_attention.spec import DecodeConfig
@@ -26,11 +27,18 @@ def _close(out, ref, tol=2e-2):
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
-def _inputs(b, hq, ctx, seed, extra_pages=5):
+FP8 = torch.float8_e4m3fn
+GLUON = {"kernel": "gluon", "block_n": 64, "block_h": 64, "num_warps": 8, "num_stages": 2}
+
+
+def _inputs(b, hq, ctx, seed, extra_pages=5, page=PAGE, fp8_scale=None):
+    """q, the latent (bf16, or fp8 quantized at ``fp8_scale``), its V view, a permuted
+    table and the generator."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    pages = -(-ctx // PAGE)
+    pages = -(-ctx // page)
     nb = b * pages + extra_pages
-    k = torch.randn(nb, PAGE, 1, DK, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(nb, page, 1, DK, device="cuda", generator=g)
+    k = k.to(torch.bfloat16) if fp8_scale is None else quantize_fp8(k, fp8_scale, FP8)
     q = torch.randn(b, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
     bt = torch.randperm(nb, device="cuda", generator=g)[:b * pages].view(b, pages).int()
     return q, k, k[..., :DV], bt, g
@@ -87,15 +95,18 @@ def test_bits_stable_and_batch_invariant(hq, q_len, splits):
     _close(first, ref)
 
 
-@pytest.mark.parametrize("bad", [-1, "nb", 10 ** 6, 2 ** 30])
-def test_page_ids_outside_the_cache_contribute_nothing(bad):
-    """The cache sits between NaN guard pages: a read outside it would show."""
+@pytest.mark.parametrize("bad, fp8", [(-1, False), ("nb", False), (10 ** 6, False),
+                                      (2 ** 30, False), (-1, True), ("nb", True)])
+def test_page_ids_outside_the_cache_contribute_nothing(bad, fp8):
+    """The cache sits between NaN guard pages: a read outside it would show (fp8: e4m3's
+    NaN bytes; the fp8 latent compared on its stored values, unscaled)."""
     b, hq, pages = 3, 64, 4
     nb = b * pages
     g = torch.Generator(device="cuda").manual_seed(11)
-    buf = torch.full((nb + 6, PAGE, 1, DK), float("nan"), device="cuda", dtype=torch.bfloat16)
+    buf = torch.full((nb + 6, PAGE, 1, DK), float("nan"), device="cuda",
+                     dtype=torch.bfloat16).to(FP8 if fp8 else torch.bfloat16)
     k = buf[3:3 + nb]
-    k.copy_(torch.randn(nb, PAGE, 1, DK, device="cuda", generator=g))
+    k.copy_(torch.randn(nb, PAGE, 1, DK, device="cuda", generator=g).to(k.dtype))
     q = torch.randn(b, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
     bt = torch.randperm(nb, device="cuda", generator=g).view(b, pages).int()
     value = {"nb": nb}.get(bad, bad)
@@ -117,6 +128,68 @@ def test_page_ids_outside_the_cache_contribute_nothing(bad):
         p = torch.softmax(q[i].float() @ kk.T * DK ** -0.5, -1)
         _close(out[i], p @ kk[:, :DV])
     assert out[1].abs().max() == 0  # no readable page: zeros, as the Triton tiles give
+
+
+@pytest.mark.parametrize("hq, q_len, page", [(128, 1, 64), (128, 1, 16), (16, 2, 16),
+                                            (12, 2, 32)])
+def test_fp8_latent_graph_replays_new_scales_lengths_and_tables(hq, q_len, page):
+    """The fp8 latent through the Gluon tile: one captured decode replayed with new scales,
+    lengths around page and tile boundaries, tables and queries matches the reference on
+    the cache dequantized with that replay's scale (fp16 dots: the bf16 tolerance)."""
+    b, ctx = 8, 8192
+    k_scale = torch.full((1,), 0.02, device="cuda")
+    q, k, v, bt, g = _inputs(b, hq, ctx, hq + page, page=page, fp8_scale=k_scale)
+    if q_len > 1:
+        q = torch.randn(b, q_len, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
+    sl = torch.full((b,), 100, dtype=torch.int32, device="cuda")
+    cfg = spec_config(2)
+    assert checked_plan(cfg, q, k, v, bt, sl, None, 0.0, k_scale).gluon
+    out = torch.empty(*q.shape[:-1], DV, device="cuda", dtype=torch.bfloat16)
+    scale = DK ** -0.5
+    graph = capture(lambda: kdispatch.decode_attention(
+        q, k, v, bt, sl, scale=scale, out=out, k_scale=k_scale, v_scale=k_scale,
+        config=cfg), forbid_sync=True)
+    ragged = [[1, 15, 16, 17, 63, 64, 65, ctx], [ctx - 1, 4097, 4096, 2, 3, 129, 1000, 128]]
+    for i, (lens, ks) in enumerate(zip(ragged * 2, (0.02, 0.05, 0.01, 0.5))):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        k_scale.fill_(ks)
+        if i >= 2:
+            bt.copy_(torch.randperm(k.shape[0], device="cuda", generator=g)[:bt.numel()]
+                     .view_as(bt).int())
+        q.normal_(generator=g)
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out, reference_decode_attention(q, k, v, bt, sl, scale=scale,
+                                               k_scale=k_scale, v_scale=k_scale))
+
+
+@pytest.mark.parametrize("hq, q_len, splits", [(128, 1, 2), (16, 2, 3), (128, 2, 1)])
+def test_fp8_bits_stable_and_batch_invariant(hq, q_len, splits):
+    b, ctx = 12, 8192
+    ks = torch.full((1,), 0.03, device="cuda")
+    q, k, v, bt, g = _inputs(b, hq, ctx, splits, fp8_scale=ks)
+    if q_len > 1:
+        q = torch.randn(b, q_len, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
+    sl = torch.randint(1, ctx + 1, (b,), device="cuda", generator=g, dtype=torch.int32)
+    sl[0], sl[1] = 1, 65
+    kw = dict(scale=DK ** -0.5, k_scale=ks, v_scale=ks,
+              config={**GLUON, "num_kv_splits": splits})
+    assert checked_plan(spec_config(splits), q, k, v, bt, sl, None, 0.0, ks).gluon
+    ref = reference_decode_attention(q, k, v, bt, sl, scale=DK ** -0.5, k_scale=ks,
+                                     v_scale=ks)
+    balanced = kdispatch.decode_attention(q, k, v, bt, sl, **kw)
+    assert torch.equal(balanced, kdispatch.decode_attention(q, k, v, bt, sl, **kw))
+    _close(balanced, ref)
+    kw["batch_invariant"] = True
+    first = kdispatch.decode_attention(q, k, v, bt, sl, **kw)
+    for r in (0, 5, b - 1):
+        alone = kdispatch.decode_attention(q[r:r + 1], k, v, bt[r:r + 1], sl[r:r + 1], **kw)
+        assert torch.equal(first[r:r + 1], alone)
+    _close(first, ref)
+
+
+def spec_config(splits):
+    return DecodeConfig(**GLUON, num_kv_splits=splits)
 
 
 def test_calls_the_gluon_tile_cannot_take_run_the_triton_tile():

@@ -67,7 +67,8 @@ def test_mla_two_tokens_share_one_block_and_the_grid():
     fp8 latents take the bf16 16-row tile (no spills since the latent is staged as fp16)
     and wider blocks at 64 tokens, 8 warps: one per SM; 128 heads in 64-row blocks (the
     session-9 tune: 1.6x faster than 32-row fp8 blocks). On the H200 the bf16 two-token
-    rows take the Gluon tile (64 rows, session 12); the Triton tile is the A100's."""
+    rows take the Gluon tile (64 rows, session 12; fp8 latents since session 20); the
+    Triton tile is the A100's."""
     a100 = Device.from_key("nvidia-a100")
     one, two = DECODE.heuristic(dkey(a100)), DECODE.heuristic(dkey(a100, q_len=2))
     assert (one.block_h, two.block_h) == (16, 32)
@@ -79,8 +80,12 @@ def test_mla_two_tokens_share_one_block_and_the_grid():
     assert DECODE.heuristic(dkey(num_q_heads=128, q_len=2)).block_h == 64
     f1, f2 = DECODE.heuristic(dkey(kv_dtype=FP8)), DECODE.heuristic(dkey(kv_dtype=FP8, q_len=2))
     assert (f1.block_h, f1.block_n, f1.num_warps) == (16, 32, 4)
-    assert (f2.block_h, f2.block_n, f2.num_warps, f2.num_stages) == (32, 64, 8, 2)
-    assert f2.num_kv_splits == max(1, f1.num_kv_splits // 2)  # one resident program per SM
+    a1 = DECODE.heuristic(dkey(a100, kv_dtype=FP8))
+    a2 = DECODE.heuristic(dkey(a100, kv_dtype=FP8, q_len=2))
+    assert (a2.block_h, a2.block_n, a2.num_warps, a2.num_stages) == (32, 64, 8, 2)
+    assert a2.num_kv_splits == max(1, a1.num_kv_splits // 2)  # one resident program per SM
+    # on the H200 fp8 latents past 16 rows take the Gluon tile too (session 20)
+    assert f2.kernel == "gluon" and f1.kernel == "triton"
     assert DECODE.heuristic(dkey(kv_dtype=FP8, num_q_heads=128)).block_h == 64
     k8 = dkey(q_len=8, num_q_heads=128, batch=512)
     assert workspace_bytes(k8, 2) == 8 * workspace_bytes(dkey(num_q_heads=128, batch=512), 2)
@@ -158,7 +163,7 @@ def test_cli_resolves_fp8_and_multi_token_keys():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["key"]["q_len"] == 2 and out["key"]["kv_dtype"] == FP8
-    assert out["config"]["block_h"] == 32
+    assert out["config"]["block_h"] == 64 and out["config"]["kernel"] == "gluon"
     res = runner.invoke(main, ["resolve", "kv_write", "--device", "nvidia-h200", "--tokens",
                                "1", "--num-kv-heads", "16", "--head-dim", "128",
                                "--kv-dtype", "float8_e4m3fn", "--json"])

@@ -41,7 +41,7 @@ def test_the_heuristic_takes_the_gluon_tile_for_128_heads_on_64_token_pages():
 
 
 @pytest.mark.parametrize("change", [
-    dict(kv_dtype="float8_e4m3fn"), dict(page_size=8), dict(page_size=128),
+    dict(page_size=8), dict(page_size=128),
     dict(page_size=1), dict(num_q_heads=8),
     dict(num_q_heads=12), dict(num_q_heads=4, q_len=2), dict(sliding_window=4096),
     dict(head_dim=128, head_dim_v=128, num_kv_heads=8)])
@@ -51,6 +51,54 @@ def test_keys_the_gluon_tile_does_not_serve_keep_the_triton_tiles(change):
     assert OP.heuristic(key).kernel == "triton"
     assert not spec.is_valid(key, spec.gluon_config(2))
     assert all(c.kernel == "triton" for c in OP.tuning.candidates(key))
+
+
+@pytest.mark.parametrize("change, gluon", [
+    (dict(), True), (dict(q_len=2), True), (dict(page_size=16), True),
+    (dict(num_q_heads=16, q_len=2, page_size=16), True),
+    (dict(num_q_heads=12, q_len=2, page_size=16, batch=8, context=393216), True),
+    (dict(num_q_heads=16, page_size=16), False), (dict(num_q_heads=12, page_size=16), False)])
+def test_fp8_latents_take_the_gluon_tile_past_16_rows(change, gluon):
+    """An fp8 (e4m3) latent runs on the Gluon tile (converted to fp16 per tile) from 16
+    rows on, and the heuristic takes it past 16 rows as for bf16: session 20's tune of
+    every preset key (bench/results/nvidia-h200/session20/h200.sqlite) has it the best or
+    within 1.5% of it at every such fp8 key, and a same-run sweep (call 1) timed it at
+    0.68-0.84x the best Triton tile's time (128 heads b32 x 16,384: 487.7 vs 683.1 us;
+    16 heads x 2 tokens: 248.0 vs 294.9). 16 rows keep the Triton tile, as for bf16."""
+    key = _key(kv_dtype="float8_e4m3fn", **change)
+    assert spec.gluon_fits(key) == (key.rows >= spec.GLUON_MIN_ROWS)
+    assert (OP.heuristic(key).kernel == "gluon") == gluon
+    if spec.gluon_fits(key):
+        assert any(c.kernel == "gluon" for c in OP.tuning.candidates(key))
+    # AMD's fnuz fp8 never takes it
+    assert not spec.gluon_fits(key.model_copy(update={"kv_dtype": "float8_e4m3fnuz"}))
+
+
+def test_an_fp8_gluon_plan_passes_its_scales():
+    """KV_FP8 / KV_SCALED in the plan's constexprs, the scale tensors as the stage 1's
+    KS / VS arguments (the lengths stand in, unread, for an unscaled cache)."""
+    b, hq, splits = 3, 128, 2
+    g = plan(spec.gluon_config(splits), b, hq, 576, 64, 1, 512, True, False, False, False,
+             kv_fp8=True, scaled=True, gluon=True)
+    assert g.constexprs["KV_FP8"] and g.constexprs["KV_SCALED"]
+    unscaled = plan(spec.gluon_config(splits), b, hq, 576, 64, 1, 512, True, False, False,
+                    False, kv_fp8=True, scaled=False, gluon=True)
+    assert unscaled.constexprs["KV_FP8"] and not unscaled.constexprs["KV_SCALED"]
+    bf16 = plan(spec.gluon_config(splits), b, hq, 576, 64, 1, 512, True, False, False, False,
+                gluon=True)
+    assert not bf16.constexprs["KV_FP8"] and not bf16.constexprs["KV_SCALED"]
+    q = torch.zeros(b, hq, 576, dtype=torch.bfloat16)
+    k = torch.zeros(5, 64, 1, 576, dtype=torch.float8_e4m3fn)
+    bt, sl = torch.zeros(b, 4, dtype=torch.int32), torch.ones(b, dtype=torch.int32)
+    ks, vs = torch.full((1,), 0.5), torch.full((1,), 0.25)
+    names = _gluon_mla_stage1.arg_names
+    for p, want in ((g, (ks, vs)), (unscaled, (sl, sl))):
+        stage1 = launches(p, q, k, k[..., :512], bt, sl, q.new_empty(p.out_shape), 0.1, 0.0,
+                          0, ks, vs)[0]
+        got = dict(zip(names, stage1.args))
+        assert got["KS"] is want[0] and got["VS"] is want[1]
+        assert got["q_desc"].block_shape == [64, 512]
+        assert got["kv_desc"].base.dtype == torch.float8_e4m3fn
 
 
 @pytest.mark.parametrize("page", [16, 32])
@@ -159,11 +207,15 @@ def test_a_triton_config_serializes_as_before_the_kernel_field():
         spec.DecodeConfig(kernel="cuda")
 
 
-@pytest.mark.parametrize("hq, q_len, page", [(64, 1, 64), (16, 2, 64), (16, 2, 16)])
-def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_len, page):
+@pytest.mark.parametrize("hq, q_len, page, fp8", [(64, 1, 64, False), (16, 2, 64, False),
+                                                 (16, 2, 16, False), (16, 2, 16, True)])
+def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_len, page,
+                                                                          fp8):
     g = torch.Generator().manual_seed(0)
     b, nb = 2, 6 * 64 // page
     k = torch.randn(nb, page, 1, 576, generator=g).to(torch.bfloat16)
+    if fp8:
+        k = k.to(torch.float8_e4m3fn)
     v = k[..., :512]
     shape = (b, hq) if q_len == 1 else (b, q_len, hq)
     q = torch.randn(*shape, 576, generator=g).to(torch.bfloat16)

@@ -83,7 +83,8 @@ def test_sigkill_at_random_points_then_resume(tmp_path):
     assert len(rows) == N_KEYS * N_CANDS and committed <= set(_pairs(store))
     assert len(store.best(device_key="cpu-interpreter")) == N_KEYS
     # a (key, config) committed before a kill is never run again by a later process, and
-    # at most the candidate in flight at each kill is run twice
+    # at most two candidates per kill are run again: the one in flight and the key's first
+    # timed one, whose row waits for the key's end to be timed a second time
     runs = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
     pids = list(dict.fromkeys(pid for pid, _, _ in runs))
     ran_by: dict = {}
@@ -93,7 +94,7 @@ def test_sigkill_at_random_points_then_resume(tmp_path):
         later = set(pids[pids.index(killed_pids[i]) + 1:]) if killed_pids[i] in pids else set()
         for pair in pairs_then:
             assert not (ran_by[pair] & later), (pair, "re-measured after being committed")
-    assert sum(len(p) - 1 for p in ran_by.values()) <= KILLS
+    assert sum(len(p) - 1 for p in ran_by.values()) <= 2 * KILLS
     sizes = [len(c) for c in committed_after]
     assert sizes == sorted(sizes) and 0 < sizes[0] and len(set(sizes)) >= 3  # varied points
     statuses = [r.status for r in store.runs()]

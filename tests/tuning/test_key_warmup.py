@@ -12,6 +12,7 @@ import pytest
 
 import fakeops
 from fakecuda import FakeCuda
+from kdispatch.store import MeasurementIn
 from kdispatch.tuning import measure, sweep, timing
 from kdispatch.tuning.measure import KEY_WARMUP_MS, KeyBest
 from kdispatch.tuning.timing import MAX_WARM, Timing, time_call, warm_count
@@ -93,6 +94,24 @@ def test_a_cold_start_is_warmed_away(monkeypatch, warm_ms, cold):
     assert t.median_us == pytest.approx(US * COLD if cold else US)
 
 
+def _row(us, status="ok", error=None):
+    return MeasurementIn(op="tune_fake", key={}, config={"block": 16}, source_hash="h",
+                         status=status, verified=status == "ok", median_us=us,
+                         p20_us=us, p80_us=us, error=error)
+
+
+def test_retime_first_keeps_the_faster_full_timing():
+    first, warm = _row(1092.0), _row(955.0)
+    kept = measure.retime_first(first, warm)
+    assert kept.median_us == 955.0 and kept.error.startswith(measure.RETIMED_NOTE)
+    kept = measure.retime_first(warm, first)  # a first timing already the faster stays
+    assert kept.median_us == 955.0 and kept.error.startswith(measure.RETIMED_NOTE)
+    # a second timing that is not a full, verified one leaves the first row as it was
+    for again in (_row(900.0, error=f"{measure.PILOT_NOTE}: median of 5"),
+                  _row(None, status="rejected"), _row(None, status="infeasible")):
+        assert measure.retime_first(first, again) is first
+
+
 def test_key_best_is_warm_after_any_timing_only():
     best = KeyBest()
     assert best.warm_ms() == KEY_WARMUP_MS
@@ -108,10 +127,12 @@ def test_key_best_is_warm_after_any_timing_only():
 @pytest.mark.parametrize("warm", [True, False])
 def test_each_keys_first_timed_candidate_is_warmed_up(store, monkeypatch, warm):
     """A sweep over the fake op's keys on a simulated GPU that is cold for COLD_MS after
-    each key's inputs are made, every candidate a twin (the same 950 us kernel): with the
-    warm-up, every row (the heuristic's first) is 950 us; without it (the control), each
-    key's first timed candidate is measured 15% slower. At n=256 the heuristic is wrong,
-    so the warm-up goes to the first candidate that is timed there, the baseline."""
+    each key's inputs are made, every candidate a twin (the same 950 us kernel): the key's
+    first timed candidate (the heuristic's) gets the warm-up, and is timed again at the
+    key's end with the faster kept, so every row is 950 us; without the warm-up (the
+    control) its first timing is 15% slower and the second one is kept. At n=256 the
+    heuristic is wrong, so the warm-up goes to the first candidate that is timed there,
+    the baseline."""
     gpu = FakeCuda(monkeypatch)
     started = [0.0]
     order: list[tuple[int, int, float]] = []  # (key n, block, warm_ms) per timing
@@ -147,15 +168,23 @@ def test_each_keys_first_timed_candidate_is_warmed_up(store, monkeypatch, warm):
     targets, _ = sweep.plan(dev, ["fake"])
     sweep.tune(targets, device=dev, torch_device=tdev, store=store, reps=5)
 
-    firsts = {}
+    firsts, seen = {}, set()
     for n, block, warm_ms in order:
         firsts.setdefault(n, block)
-        assert warm_ms == (KEY_WARMUP_MS if warm and firsts[n] == block else 0.0)
+        again = (n, block) in seen  # the first timed candidate, timed again at the key's end
+        seen.add((n, block))
+        assert not again or firsts[n] == block, (n, block)
+        assert warm_ms == (KEY_WARMUP_MS if warm and firsts[n] == block and not again
+                           else 0.0)
     assert firsts == {64: 16, 256: 1, 1024: 16}
-    assert len(order) == 3 * 5  # each key's servable blocks 1, 2, 4, 16, 32
-    us = {(json.loads(m.key_json)["n"], json.loads(m.config_json)["block"]): m.median_us
-          for m in store.measurements(op="tune_fake") if m.status == "ok"}
-    assert len(us) == len(order)
-    for (n, block), median in us.items():
-        slow = not warm and firsts[n] == block
-        assert median == pytest.approx(US * COLD if slow else US), (n, block)
+    # each key's servable blocks 1, 2, 4, 16, 32, and its first one again at the key's end
+    assert len(order) == 3 * 6 and len(seen) == 3 * 5
+    assert [block for n, block, _ in order if n == 64][-1] == firsts[64]
+    rows = {(json.loads(m.key_json)["n"], json.loads(m.config_json)["block"]): m
+            for m in store.measurements(op="tune_fake") if m.status == "ok"}
+    assert len(rows) == len(seen)
+    for (n, block), m in rows.items():
+        # the cold first timing (the control, without warm-up) is timed again warm and
+        # the faster kept: every row is the twins' 950 us either way
+        assert m.median_us == pytest.approx(US), (n, block)
+        assert (m.error or "").startswith(measure.RETIMED_NOTE) == (firsts[n] == block)

@@ -14,7 +14,7 @@ import pytest
 import fakeops
 from fakecuda import FakeCuda
 from kdispatch.tuning import sweep
-from kdispatch.tuning.measure import PILOT_NOTE, PILOT_RATIO, KeyBest
+from kdispatch.tuning.measure import PILOT_NOTE, PILOT_RATIO, RETIMED_NOTE, KeyBest
 from kdispatch.tuning.timing import PILOT_REPS, Timing, staged, time_call
 
 REPS = 8  # full samples per candidate (> PILOT_REPS, so a pilot is shorter than a full run)
@@ -87,7 +87,9 @@ def test_slow_candidates_stop_after_the_pilot_and_the_best_is_timed_in_full(stor
         assert rows[b].status == "ok" and rows[b].verified and rows[b].median_us > 0
         assert "x the key's best full measurement" in rows[b].error
     full = 1 + 1 + REPS  # verified, one warm-up round, every sample
-    assert runs[16] == runs[2] == runs[4] == full  # heuristic, a tie, the new best
+    assert runs[2] == runs[4] == full  # a tie, the new best
+    # the heuristic, the key's first timed candidate, in full twice (again at the key's end)
+    assert runs[16] == 2 * full and rows[16].error.startswith(RETIMED_NOTE)
     assert runs[1] == runs[32] == 1 + 1 + PILOT_REPS
     # the wrong candidate ran once, to be verified, and was never timed
     assert runs[fakeops.WRONG] == 1 and rows[fakeops.WRONG].status == "rejected"

@@ -2,8 +2,8 @@
 
 Issue 18's compute-bound regime: 64 rows of one request per program (two warpgroups,
 ``num_warps=8``), one latent KV head whose rows are 576 wide (512 latent + 64 rope; V is
-the first 512 columns of the same row), bf16, 16-, 32- or 64-token pages (``PAGE``) in
-64-token tiles (``BLOCK_N``). A request's rows are its
+the first 512 columns of the same row), bf16 or fp8 (below), 16-, 32- or 64-token pages
+(``PAGE``) in 64-token tiles (``BLOCK_N``). A request's rows are its
 ``QLEN x H`` (new token, head) pairs, token-major as in the Triton latent stage 1
 (``_tile_rows``): row ``r`` is token ``r // H``, head ``r % H``, and sees the tokens
 ``[0, seq_len - QLEN + 1 + r // H)`` (causal among the new tokens); the request's rows
@@ -26,6 +26,14 @@ The next tile's copies go into the other stage as soon as both warpgroups are do
 it: the PV MMA is waited at the end of each tile, so the copy is issued at the top of the
 next one and runs under the whole tile's MMAs and softmax (a PV MMA left in flight into
 the next tile's score MMA makes ptxas serialize the wgmmas, C7515: docs/decode_notes.md).
+
+An fp8 (e4m3) latent (``KV_FP8``) arrives by TMA as bytes into the ring; each tile step
+converts its stage to one fp16 tile (exact; the last tile's V rows past the split's end as
+zeros) that both dots read, q is rewritten as fp16 in place once (bf16 values convert
+exactly within fp16's range, saturating beyond it) and P is fp16: the same shared memory
+as the bf16 ring (two fp8 stages and one fp16 tile). ``KV_SCALED``: ``k_scale`` (read on
+the device) multiplies the score scale and ``v_scale`` the output, so a captured graph
+sees new scales.
 
 A page id outside ``[0, num_pages)``, and a page of the tile past the split's end, is never
 dereferenced: its copy is pointed past the end of the cache's row range, which TMA fills
@@ -62,6 +70,8 @@ from kdispatch.kernels._common import interpreting
 from kdispatch.kernels.decode_attention.checks import q_dims, shares_latent
 from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE_SIZES,
                                                      gluon_config)
+
+GLUON_CACHE_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
 
 LOG2E = 1.4426950408889634
 BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
@@ -129,6 +139,37 @@ def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred,
 
 
 @gluon.jit
+def _q_to_f16(q_smem, ROWS: gl.constexpr, COLS: gl.constexpr, num_warps: gl.constexpr):
+    """q's bf16 tile rewritten in place as fp16 (the fp8 latent's dots), saturating at
+    +-65504; returns the fp16 view. Each thread stores the values it loaded."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    view = q_smem._reinterpret(gl.float16, [ROWS, COLS], q_smem.layout)
+    for c in gl.static_range(COLS // 64):
+        x = q_smem.slice(c * 64, 64, dim=1).load(layout).to(gl.float32)
+        x = gl.minimum(gl.maximum(x, -65504.0), 65504.0)
+        view.slice(c * 64, 64, dim=1).store(x.to(gl.float16))
+    return view
+
+
+@gluon.jit
+def _f8_to_f16(src, dst, lim, ROWS: gl.constexpr, COLS: gl.constexpr,
+               num_warps: gl.constexpr, MASK: gl.constexpr):
+    """An fp8 (e4m3) tile in shared memory converted to ``dst`` (fp16, exact): 8 bytes a
+    thread per row load (16 held 30 more registers: spills at the 64-row tile), packed
+    ``cvt`` to fp16. With ``MASK`` rows from ``lim`` on are
+    zeros (a partial tile's V rows past the split's end: ``0 * NaN`` must not reach PV)."""
+    W: gl.constexpr = 64 if COLS >= 64 else COLS
+    TC: gl.constexpr = W // 8
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TC, TC], [num_warps, 1], [1, 0])
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    for c in gl.static_range(COLS // W):
+        x = src.slice(c * W, W, dim=1).load(layout).to(gl.float16)
+        if MASK:
+            x = gl.where((rows < lim)[:, None], x, 0.0)
+        dst.slice(c * W, W, dim=1).store(x)
+
+
+@gluon.jit
 def _mean_len(SL, max_len, batch, num_warps: gl.constexpr):
     """The batch's mean clamped length, rounded up (the Triton kernels' ``_mean_live``
     without a window)."""
@@ -143,12 +184,13 @@ def _mean_len(SL, max_len, batch, num_warps: gl.constexpr):
 
 @gluon.jit
 def _gluon_mla_stage1(
-    q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL,
+    q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL, KS, VS,
     qk_scale, max_len, num_pages, heads,
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
     DV: gl.constexpr, DPE: gl.constexpr, GRID_SPLITS: gl.constexpr, num_warps: gl.constexpr,
-    QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64,
+    QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64, KV_FP8: gl.constexpr = False,
+    KV_SCALED: gl.constexpr = False,
 ):
     gl.static_assert(num_warps == 8)
     gl.static_assert(BLOCK_H == 64)
@@ -170,6 +212,12 @@ def _gluon_mla_stage1(
     smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
     zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    # the dots' dtype: bf16, or fp16 for an fp8 latent (e4m3 -> fp16 is one packed
+    # conversion on sm_90; q's bf16 values convert exactly within fp16's range)
+    if KV_FP8:
+        DOT: gl.constexpr = gl.float16
+    else:
+        DOT: gl.constexpr = gl.bfloat16
 
     # the request's token range of this split: _split_range with BLOCK_N = 64 (from
     # seq_len: with QLEN > 1 the rows' own ends only mask), balanced as it is
@@ -188,9 +236,13 @@ def _gluon_mla_stage1(
 
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, DV], smem_l)
     qpe_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, DPE], smem_l)
-    kv_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DV], smem_l)
-    pe_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DPE], smem_l)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], smem_l)
+    # the TMA ring: the cache's own dtype (bf16, or fp8 bytes converted per tile)
+    kv_smem = gl.allocate_shared_memory(kv_desc.dtype, [2, BLOCK_N, DV], kv_desc.layout)
+    pe_smem = gl.allocate_shared_memory(pe_desc.dtype, [2, BLOCK_N, DPE], pe_desc.layout)
+    p_smem = gl.allocate_shared_memory(DOT, [BLOCK_H, BLOCK_N], smem_l)
+    if KV_FP8:  # one fp16 tile both dots read, converted from the ring's stage per tile
+        kv16 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, DV], smem_l)
+        pe16 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, DPE], smem_l)
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(ready.index(0), count=1)
@@ -230,19 +282,42 @@ def _gluon_mla_stage1(
         row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
         clean_end = gl.minimum(seq_len - (QLEN - 1) + (pid_h * BLOCK_H) // heads, end)
     mbarrier.wait(q_bar, 0)
+    if KV_FP8:  # q to fp16 in place (each thread rewrites the values it read)
+        q_mma = _q_to_f16(q_smem, BLOCK_H, DV, num_warps)
+        qpe_mma = _q_to_f16(qpe_smem, BLOCK_H, DPE, num_warps)
+        fence_async_shared()
+        gl.thread_barrier()
+        if KV_SCALED:  # the dequantized latent (as K) = stored * k_scale
+            qk_scale = qk_scale * gl.load(KS)
+    else:
+        q_mma = q_smem
+        qpe_mma = qpe_smem
 
     for i in range(n_tiles):
         st = i % 2
         n0 = start + i * BLOCK_N
-        kv = kv_smem.index(st)
-        pe = pe_smem.index(st)
+        if KV_FP8:
+            kv = kv16
+            pe = pe16
+        else:
+            kv = kv_smem.index(st)
+            pe = pe_smem.index(st)
         # the other stage's MMAs were waited last tile: refill it now, under this tile's
         gl.thread_barrier()  # MMAs, once both warpgroups are past them
         bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
                                n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
                                oob_row, BLOCK_N, PAGE)
         mbarrier.wait(ready.index(st), (i // 2) & 1)
-        if n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
+        if KV_FP8:  # the stage's fp8 bytes to the fp16 tile (the last tile's MMAs were
+            # waited); the last, partial tile's V rows past the split's end as zeros
+            if n0 + BLOCK_N > end:
+                _f8_to_f16(kv_smem.index(st), kv16, end - n0, BLOCK_N, DV, num_warps, True)
+            else:
+                _f8_to_f16(kv_smem.index(st), kv16, BLOCK_N, BLOCK_N, DV, num_warps, False)
+            _f8_to_f16(pe_smem.index(st), pe16, BLOCK_N, BLOCK_N, DPE, num_warps, False)
+            fence_async_shared()
+            gl.thread_barrier()
+        elif n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
             rows_z = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zero_l))
             keep_z = (rows_z < end - n0)[:, None]
             for c in gl.static_range(DV // 64):
@@ -250,8 +325,8 @@ def _gluon_mla_stage1(
                 part.store(gl.where(keep_z, part.load(zero_l), 0.0))
             fence_async_shared()
             gl.thread_barrier()
-        s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qpe_mma, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_mma, kv.permute((1, 0)), s, is_async=True)
         # waits this warpgroup's score MMA (its PV MMA was waited last tile)
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
 
@@ -271,7 +346,7 @@ def _gluon_mla_stage1(
         p = gl.exp2(s - m_use[:, None])
         l_2d = l_2d * alpha[:, None] + p
         m_i = m_new
-        p_smem.store(p.to(gl.bfloat16))
+        p_smem.store(p.to(DOT))
         fence_async_shared()
         gl.thread_barrier()  # every warp's P is in shared memory before the MMA reads it
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -288,7 +363,10 @@ def _gluon_mla_stage1(
 
     l_i = gl.sum(l_2d, 1)
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    if KV_SCALED:  # the dequantized latent (as V) = stored * v_scale
+        out = acc * gl.convert_layout(gl.load(VS) / l_safe, row_o)[:, None]
+    else:
+        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
     # row r (token r // heads, head r % heads) goes to partial row head * QLEN + token
     rows_o = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
     prow_o = rows_o
@@ -309,6 +387,13 @@ def _gluon_mla_stage1(
 
 def _smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def _cache_layout(cache: torch.Tensor, cols: int, page: int):
+    """The TMA ring's shared layout for a ``[page, cols]`` box of ``cache``'s dtype."""
+    if cache.dtype == torch.bfloat16:
+        return _smem_layout()
+    return gl.NVMMASharedLayout.get_default_for([page, cols], gl.float8e4nv)
 
 
 def q_rows_uniform(q) -> bool:
@@ -335,27 +420,34 @@ def descriptors(q, kv_cache):
     flat_k = kv_cache.as_strided(((rows - 1) * kstride + d,), (1,))
     return (TensorDescriptor(flat_q, [q_rows, DV], [q_stride, 1], [BLOCK_H, DV], lay),
             TensorDescriptor(flat_q[DV:], [q_rows, DPE], [q_stride, 1], [BLOCK_H, DPE], lay),
-            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [page, DV], lay),
-            TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [page, DPE], lay), q2)
+            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [page, DV],
+                             _cache_layout(kv_cache, DV, page)),
+            TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [page, DPE],
+                             _cache_layout(kv_cache, DPE, page)), q2)
 
 
 def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
-                       grid_splits=None):
+                       grid_splits=None, k_scale=None, v_scale=None):
     """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
     ``(cdiv(QLEN * H, 64), B, grid_splits)``, partials ``po``
     ``[B, QLEN * H, grid_splits, 512]`` and ``pl`` ``[B, QLEN * H, grid_splits]`` (row
     ``head * QLEN + token``); ``grid_splits`` (default ``num_kv_splits``) above
-    ``num_kv_splits`` balances ragged lengths."""
+    ``num_kv_splits`` balances ragged lengths. An fp8 latent (``KV_FP8``) is dequantized
+    with ``k_scale`` / ``v_scale`` (one-element fp32 device tensors) when given."""
     grid_splits = grid_splits or num_kv_splits
     b, t, h, _ = q_dims(q)
     page = kv_cache.shape[1]
     qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
-    args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl, float(scale) * LOG2E,
+    scaled = k_scale is not None
+    args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl,
+            k_scale if scaled else seq_lens, v_scale if scaled else seq_lens,
+            float(scale) * LOG2E,
             block_table.shape[1] * page, kv_cache.shape[0], h, block_table.stride(0),
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": page, "DV": DV,
           "DPE": DPE, "num_warps": NUM_WARPS, "QLEN": t, "BLOCK_N": BLOCK_N,
-          "GRID_SPLITS": grid_splits}
+          "GRID_SPLITS": grid_splits, "KV_FP8": kv_cache.dtype == torch.float8_e4m3fn,
+          "KV_SCALED": scaled}
     return (-(-(t * h) // BLOCK_H), b, grid_splits), args, kw
 
 
@@ -364,19 +456,19 @@ def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                logit_cap: float, config: Any) -> bool:
     """Whether this call can run the Gluon stage 1 of ``config``: a GPU (not the
     interpreter), a bf16 q (3-D or 4-D) whose (request, token, head) rows share one row
-    stride (TMA reads a tile's rows as one box), a bf16 latent of 16/32/64-token pages
-    whose 576-wide rows are contiguous, 16-byte aligned and packed page after page (TMA
-    copies a page as one box), unit-stride block-table rows and lengths, no window, no logit cap,
-    and the Gluon tile itself."""
+    stride (TMA reads a tile's rows as one box), a bf16 or float8_e4m3fn latent of
+    16/32/64-token pages whose 576-wide rows are contiguous, 16-byte aligned and packed
+    page after page (TMA copies a page as one box), unit-stride block-table rows and
+    lengths, no window, no logit cap, and the Gluon tile itself."""
     if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
         return False
     if config != gluon_config(int(config.num_kv_splits)):
         return False
     rows, page = k_cache.stride(1), k_cache.shape[1]
-    return (q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+    return (q.dtype == torch.bfloat16 and k_cache.dtype in GLUON_CACHE_DTYPES
             and shares_latent(k_cache, v_cache) and q_rows_uniform(q)
             and page in GLUON_PAGE_SIZES and tuple(k_cache.shape[2:]) == (1, GLUON_HEAD_DIMS[0])
             and v_cache.shape[3] == GLUON_HEAD_DIMS[1] and k_cache.stride(3) == 1
-            and k_cache.stride(0) == page * rows and rows % 8 == 0
+            and k_cache.stride(0) == page * rows and rows * k_cache.element_size() % 16 == 0
             and k_cache.data_ptr() % 16 == 0 and k_cache.shape[0] * page < 2**31
             and block_table.stride(1) == 1 and seq_lens.stride(0) == 1)

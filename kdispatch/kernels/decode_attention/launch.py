@@ -104,7 +104,7 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     if gluon:
         g = (grid_splits(int(config.num_kv_splits), b, hq * q_len, dv, table_tokens,
                          int(config.block_n)) if balance and b > 1 else 0)
-        return _gluon_plan(config, b, hq, dv, q_len, q4d, page, g)
+        return _gluon_plan(config, b, hq, dv, q_len, q4d, page, g, kv_fp8, kv_fp8 and scaled)
     group = hq // hk
     block_h = int(config.block_h)
     head_blocks = triton.cdiv(q_len * group, block_h)
@@ -164,17 +164,19 @@ def _reduce_plan(config: Any, b: int, hq: int, dv: int, q_len: int, sliding: boo
 
 
 def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
-                page: int = 64, g: int = 0) -> Plan:
+                page: int = 64, g: int = 0, kv_fp8: bool = False,
+                scaled: bool = False) -> Plan:
     """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
-    latent tile orders them; 64-token tiles of ``64 // page`` cache pages) and the reduce,
-    over ``g`` grid splits (0: the config's count)."""
+    latent tile orders them; 64-token tiles of ``64 // page`` cache pages; an fp8 latent
+    converted per tile, with its scales when ``scaled``) and the reduce, over ``g`` grid
+    splits (0: the config's count)."""
     splits = int(config.num_kv_splits)
     g = g or splits
     return Plan(
         latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), b, g),
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
                         PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n),
-                        GRID_SPLITS=g),
+                        GRID_SPLITS=g, KV_FP8=kv_fp8, KV_SCALED=scaled),
         options={"num_warps": int(config.num_warps)},
         **_reduce_plan(config, b, hq, dv, q_len, False, False, g),
         out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
@@ -272,7 +274,9 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if p.gluon:
         _, args, _ = stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
                                         p.constexprs["NUM_KV_SPLITS"], po, pl,
-                                        p.constexprs["GRID_SPLITS"])
+                                        p.constexprs["GRID_SPLITS"],
+                                        k_scale if p.constexprs["KV_SCALED"] else None,
+                                        v_scale if p.constexprs["KV_SCALED"] else None)
         out_launches = [KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs, p.options)]
     else:
         zeros = zero_row(k_cache, v_cache) if zeros is None else zeros

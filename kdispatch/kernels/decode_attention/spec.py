@@ -156,6 +156,7 @@ MERGE_MAX_SPLITS_LATENT = 4
 GLUON_HEAD_DIMS = (576, 512)
 GLUON_TILE_TOKENS = 64
 GLUON_PAGE_SIZES = (16, 32, 64)
+GLUON_KV_DTYPES = ("bfloat16", "float8_e4m3fn")
 GLUON_ROWS = 64
 #: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
 GLUON_MIN_ROWS = 16
@@ -498,13 +499,14 @@ def baseline(key: DecodeKey) -> DecodeConfig:
 
 def gluon_fits(key: DecodeKey) -> bool:
     """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: absorbed MLA with a
-    576/512 latent on 16-, 32- or 64-token pages (64-token tiles), bf16, at least
+    576/512 latent on 16-, 32- or 64-token pages (64-token tiles), bf16 queries over a
+    bf16 or float8_e4m3fn cache (fp8 converted to fp16 per tile), at least
     ``GLUON_MIN_ROWS`` (token, head) rows a request (its 64-row tiles padded past them), on
     an NVIDIA Hopper GPU (warpgroup MMA, TMA)."""
     return (key.latent and key.vendor == "nvidia" and key.arch == "sm_90"
             and key.head_dim == GLUON_HEAD_DIMS[0] and key.head_dim_v == GLUON_HEAD_DIMS[1]
             and key.page_size in GLUON_PAGE_SIZES and key.dtype == "bfloat16"
-            and key.kv_dtype == "bfloat16" and key.rows >= GLUON_MIN_ROWS
+            and key.kv_dtype in GLUON_KV_DTYPES and key.rows >= GLUON_MIN_ROWS
             and not key.sliding)
 
 
