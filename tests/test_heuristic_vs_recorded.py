@@ -10,7 +10,10 @@ change, re-tune and record again.) The GQA tile and split rules for head dims 64
 and for fp8 caches, and the Gluon rule, were fitted to these measurements (before them,
 bf16 head-dim-256 keys ran 1.22-1.30x the best, the 128-head MLA keys ~1.7x), and so were
 the GQA rules of one program per SM, whole waves and the early reduce of short calls
-(``tools/heuristic_report.py`` prints the figures by head dim).
+(``tools/heuristic_report.py`` prints the figures by head dim). Session 20's tune
+(``session20/h200.sqlite``: the first 24 candidates of every key, on today's kernels, each
+key's first timed candidate timed again at its end) holds every key, the fp8 latents on
+the Gluon tile included; the older tunes hold every key but those.
 """
 
 from __future__ import annotations
@@ -52,13 +55,36 @@ def _geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+#: session 20's tune on today's kernels (the Gluon tile's fp8 latents among them): the first
+#: 24 candidates of every preset key, each key's first timed candidate timed again at the
+#: key's end (the faster kept)
+DB20 = RESULTS / "session20/h200.sqlite"
+
+
 def test_the_heuristics_come_within_10_percent_of_the_recorded_best(tmp_path):
-    ratios = _ratios(tmp_path)
+    ratios = _ratios(tmp_path, DB20)
     assert len(ratios) == 166
     far = {k: round(r, 2) for k, r in ratios.items() if r > 1.10}
-    assert len(far) <= 6, far
+    assert len(far) <= 2, far
     assert max(ratios.values()) < 1.20, far
-    assert _geomean(r for k, r in ratios.items() if k.startswith("decode")) < 1.03
+    assert _geomean(r for k, r in ratios.items() if k.startswith("decode")) < 1.01
+    # session 14's full-space tune (up to 60 candidates a key) holds every key but the fp8
+    # latents past 16 rows, whose Gluon tile came later: the same bar there
+    old = {k: r for k, r in _ratios(tmp_path).items() if not _fp8_gluon(k)}
+    assert len(old) == 166 - 24
+    assert sum(r > 1.10 for r in old.values()) <= 2 and max(old.values()) < 1.20
+    assert _geomean(r for k, r in old.items() if k.startswith("decode")) < 1.03
+
+
+def _fp8_gluon(k: str) -> bool:
+    """Whether the recorded key ``k`` is an fp8 latent the heuristic gives the Gluon tile
+    (since session 20: the tunes before it never timed that)."""
+    from kdispatch.kernels.decode_attention import spec
+
+    if not k.startswith("decode") or "float8" not in k:
+        return False
+    key = get_op("decode_attention").parse_key(json.loads(k.split(" ", 1)[1]))
+    return spec.gluon_fits(key) and key.rows > 16
 
 
 def test_the_gqa_rules_hold_at_head_dims_64_and_256(tmp_path):
@@ -70,27 +96,27 @@ def test_the_gqa_rules_hold_at_head_dims_64_and_256(tmp_path):
 
 
 def test_the_gluon_tile_is_the_heuristic_where_it_is_the_best(tmp_path):
-    """Keys of more than 16 (token, head) rows on the Gluon tile's pages: the heuristic
-    takes it, and it is within 10% of the best there (the 128-head keys ran ~1.7x their
-    best on the Triton tile)."""
+    """Keys of more than 16 (token, head) rows on the Gluon tile's pages, bf16 and fp8
+    latents: the heuristic takes it, and it is within 8% of the best there (the 128-head
+    keys ran ~1.7x their best on the Triton tile; session 20's sweep timed the fp8 Gluon
+    tile at 0.61-0.84x the best Triton tile's time)."""
     from kdispatch.kernels.decode_attention import spec
 
     op = get_op("decode_attention")
     gluon = {}
-    for k, r in _ratios(tmp_path).items():
+    for k, r in _ratios(tmp_path, DB20).items():
         if k.startswith("decode"):
             key = op.parse_key(json.loads(k.split(" ", 1)[1]))
             if spec.gluon_fits(key) and key.rows > 16:
                 assert op.heuristic(key).kernel == "gluon", k
                 gluon[k] = r
-    assert len(gluon) == 24  # deepseek-v3-dp 16, kimi and deepseek TP8 two-token 4 each
-    # 1.12, not 1.10: at 16 heads x 2 tokens, b8 x 393,216 the heuristic's 16 splits were
-    # 1.037x the best (32) in session 13's tune and 1.117x (33) in session 14's, on the
-    # same Gluon kernel: the heuristic row is its key's first timed and measured 6.5%
-    # slower than in session 13 while 32 splits measured the same (docs/decode_notes.md
-    # v14). Every other Gluon key is within 1.08x in both tunes.
-    assert max(gluon.values()) < 1.12, gluon
-    assert sum(r > 1.08 for r in gluon.values()) <= 1, gluon
+    # deepseek-v3-dp 16, kimi and deepseek TP8 two-token 4 each; bf16 and fp8
+    assert len(gluon) == 48 and sum("float8" in k for k in gluon) == 24
+    # before the tuner timed a key's first candidate again at its end, whichever split
+    # count came first measured up to ~10% slow at these keys (the heuristic's 16 heads x
+    # 2 tokens, b8 x 393,216 at 1.117x in session 14's tune, 1.037x in session 13's)
+    assert max(gluon.values()) < 1.08, gluon
+    assert sum(r > 1.03 for r in gluon.values()) <= 3, gluon
 
 
 #: session 18's tune on the balanced split grid (session 17's kernels, the hashes shipped
@@ -103,16 +129,24 @@ def test_the_latent_split_rules_hold_on_the_balanced_grids_tune(tmp_path):
     second split at 8k tokens or more below 4 waves (spec.LATENT_WIDE_*), fitted to
     session 18's tune. Before them, on that tune: 3 of the 64 MLA keys above 1.10x their
     best (16 heads x 2 tokens b32 x 393,216 at 1.128), 19 above 1.03, geomean 1.028; on
-    session 14's: 3, 22 and 1.028."""
+    session 14's: 3, 22 and 1.028; on session 20's (the first with each key's first
+    candidate timed again), bf16 keys: 3 above 1.10 (1.180 the worst), 6 above 1.03,
+    geomean 1.020. Sessions 14 and 18 timed the fp8 latents past 16 rows on the Triton
+    tiles only: those keys are left out there."""
     mla = {k: round(r, 3) for k, r in _ratios(tmp_path, DB18).items()
-           if k.startswith("decode") and '"head_dim":576,' in k}
-    assert len(mla) == 64
+           if k.startswith("decode") and '"head_dim":576,' in k and not _fp8_gluon(k)}
+    assert len(mla) == 40
     assert max(mla.values()) < 1.10, {k: r for k, r in mla.items() if r >= 1.10}
     assert sum(r > 1.03 for r in mla.values()) <= 6, {k: r for k, r in mla.items() if r > 1.03}
-    assert _geomean(mla.values()) < 1.011
+    assert _geomean(mla.values()) < 1.014
     old = {k: r for k, r in _ratios(tmp_path).items()
+           if k.startswith("decode") and '"head_dim":576,' in k and not _fp8_gluon(k)}
+    assert sum(r > 1.03 for r in old.values()) <= 5 and _geomean(old.values()) < 1.014
+    new = {k: round(r, 3) for k, r in _ratios(tmp_path, DB20).items()
            if k.startswith("decode") and '"head_dim":576,' in k}
-    assert sum(r > 1.03 for r in old.values()) <= 5 and _geomean(old.values()) < 1.01
+    assert len(new) == 64 and max(new.values()) < 1.07, new
+    bf16 = [r for k, r in new.items() if '"kv_dtype":"bfloat16"' in k]
+    assert len(bf16) == 32 and sum(r > 1.03 for r in bf16) <= 5 and _geomean(bf16) < 1.01
 
 
 #: GQA/MHA keys of the recorded tune by head dim
