@@ -121,6 +121,27 @@ def test_compiles_at_pages_16_and_32_without_spills():
         assert rep["wgmma"] == 40 and not rep["serialized_wgmma_warning"], rep
 
 
+def test_the_fp8_latent_variant_compiles_without_spills():
+    """The fp8 latent's variant (TMA'd e4m3 bytes converted per tile to one fp16 tile, q as
+    fp16 in place, the scale tensors read): no spills in the same shared memory as bf16's
+    (two fp8 ring stages and one fp16 tile where bf16 has two bf16 stages). Loading 16
+    bytes a thread for the conversion compiled to 255 registers with 8-20 B of spills;
+    8 bytes: 231-240 registers, none."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"),
+                          "--splits", "2", "--rows", "128x1,16x2", "--page", "64,16",
+                          "--kv", "fp8"], check=False, capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    reps = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert sorted((r["kv"], r["page"], r["heads"]) for r in reps) == [
+        ("fp8", 16, 16), ("fp8", 16, 128), ("fp8", 64, 16), ("fp8", 64, 128)]
+    for rep in reps:
+        assert rep["spill_store_bytes"] == 0 and rep["shared_bytes"] <= 227 * 1024, rep
+        assert rep["wgmma"] == 40 and not rep["serialized_wgmma_warning"], rep
+
+
 def test_the_gpu_check_tool_imports_and_shows_its_help():
     """tools/gluon_mla_check.py runs only on a GPU; here: it imports (the dispatcher's
     launch path it calls included) and its command line parses."""
