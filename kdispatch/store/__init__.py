@@ -3,7 +3,8 @@
 SQLite by default (WAL mode, a busy timeout, and a file lock around every write so several
 processes can share one file), or any SQLAlchemy URL, so a team can point every tuner and
 server at one PostgreSQL database. Each measurement is committed on its own, so a killed
-tuner loses at most the candidate in flight.
+tuner loses at most the candidate in flight (and the row of its key's first timed
+candidate, which waits for the key's end to be timed again).
 """
 
 from kdispatch.settings import url_for_path
