@@ -171,8 +171,14 @@ def test_every_gqa_head_dim_is_within_3_percent_of_the_recorded_best(tmp_path):
 def test_the_report_tool_prints_every_head_dim(capsys):
     from tool_modules import tool
 
-    tool("heuristic_report").main(["--db", str(DB), "--worst", "1"])
+    tool("heuristic_report").main(["--db", str(DB20), "--worst", "1"])
     out = capsys.readouterr().out
     for dim, n in GQA_KEYS.items():
         assert f"  {dim}: {n} keys, geomean 1.0" in out
     assert "latent (MLA) keys: 64 keys" in out
+    # the latent keys by cache dtype, each with its worst key
+    assert "  bfloat16 cache: 32 keys, geomean 1.0" in out
+    assert "  fp8 cache: 32 keys, geomean 1.0" in out
+    lines = out.splitlines()
+    fp8 = lines.index(next(x for x in lines if x.startswith("  fp8 cache:")))
+    assert " fp8 b" in lines[fp8 + 1] and "heuristic" in lines[fp8 + 1]

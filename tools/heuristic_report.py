@@ -7,7 +7,7 @@ For every decode_attention key of the database, today's heuristic config is look
 the key's verified measurements (the baseline rows left out) and set against the key's
 fastest. GQA/MHA keys are summarized per head dim: keys, geomean of heuristic / best, how
 many are within the margin, the worst; then the worst keys with the heuristic's config and
-time beside the best's. Latent (MLA) keys get one summary line. A heuristic config the tune
+time beside the best's. Latent (MLA) keys get a summary line, then the same by cache dtype. A heuristic config the tune
 never measured counts as infinitely slow (a re-tune would tell). The database is copied
 first: opening a store may migrate it.
 """
@@ -100,20 +100,31 @@ def summary(rows: list[KeyRow], within: float) -> str:
             f"{100 * (within - 1):.0f}%, worst {max(r):.3f}")
 
 
+def _worst_lines(rows: list[KeyRow], worst: int) -> list[str]:
+    out = []
+    for row in sorted(rows, key=lambda x: -x.ratio)[:worst]:
+        us = "never measured" if row.heuristic_us is None else f"{row.heuristic_us:,.1f} us"
+        out.append(f"    {row.ratio:.3f}  {describe_key(row.key)} p{row.key.page_size}: "
+                   f"heuristic {describe_config(row.heuristic)} {us}; best "
+                   f"{describe_config(row.best)} {row.best_us:,.1f} us")
+    return out
+
+
 def report(rows: list[KeyRow], worst: int = 3, within: float = 1.03) -> str:
     gqa = [row for row in rows if not row.key.latent]
     lines = ["GQA/MHA keys by head dim (heuristic / best):"]
     for dim in sorted({row.key.head_dim for row in gqa}):
-        mine = sorted((row for row in gqa if row.key.head_dim == dim), key=lambda x: -x.ratio)
+        mine = [row for row in gqa if row.key.head_dim == dim]
         lines.append(f"  {dim}: {summary(mine, within)}")
-        for row in mine[:worst]:
-            us = "never measured" if row.heuristic_us is None else f"{row.heuristic_us:,.1f} us"
-            lines.append(f"    {row.ratio:.3f}  {describe_key(row.key)}: heuristic "
-                         f"{describe_config(row.heuristic)} {us}; best "
-                         f"{describe_config(row.best)} {row.best_us:,.1f} us")
+        lines += _worst_lines(mine, worst)
     latent = [row for row in rows if row.key.latent]
     if latent:
         lines.append(f"latent (MLA) keys: {summary(latent, within)}")
+        for kv in sorted({row.key.kv_dtype for row in latent}):
+            mine = [row for row in latent if row.key.kv_dtype == kv]
+            name = "fp8" if kv.startswith("float8") else kv
+            lines.append(f"  {name} cache: {summary(mine, within)}")
+            lines += _worst_lines(mine, worst)
     return "\n".join(lines)
 
 
@@ -121,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=DB, help="a tuning database (SQLite file)")
     ap.add_argument("--device", default="nvidia-h200")
-    ap.add_argument("--worst", type=int, default=3, help="worst keys listed per head dim")
+    ap.add_argument("--worst", type=int, default=3,
+                    help="worst keys listed per head dim (and per latent cache dtype)")
     ap.add_argument("--within", type=float, default=1.03, help="margin counted (ratio)")
     args = ap.parse_args(argv)
     print(report(recorded_rows(args.db, args.device), args.worst, args.within))
