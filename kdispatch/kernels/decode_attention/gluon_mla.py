@@ -156,8 +156,8 @@ def _f8_to_f16(src, dst, lim, ROWS: gl.constexpr, COLS: gl.constexpr,
                num_warps: gl.constexpr, MASK: gl.constexpr):
     """An fp8 (e4m3) tile in shared memory converted to ``dst`` (fp16, exact): 8 bytes a
     thread per row load (16 held 30 more registers: spills at the 64-row tile), packed
-    ``cvt`` to fp16. With ``MASK`` rows from ``lim`` on are
-    zeros (a partial tile's V rows past the split's end: ``0 * NaN`` must not reach PV)."""
+    ``cvt`` to fp16. With ``MASK`` the rows from ``lim`` on are zeros (a partial tile's V
+    rows past the split's end: ``0 * NaN`` must not reach PV)."""
     W: gl.constexpr = 64 if COLS >= 64 else COLS
     TC: gl.constexpr = W // 8
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TC, TC], [num_warps, 1], [1, 0])

@@ -165,7 +165,10 @@ GLUON_MIN_ROWS = 16
 #: Triton tile: 128 heads 338 / 590 us, 128 heads x 2 tokens 645 / 1172, 16 x 4 181 / 337,
 #: 16 x 2 189 / 225 (16-token pages 204 / 226); the full-space tune of kimi-k3-tp8's two-
 #: token keys (12 heads x 2 = 24 rows, 16-token pages): b1 x 65,536 42.0 / 52.3 us, b8 x
-#: 393,216 1150 / 1261. 16 heads x 1 token (16 rows) keeps the Triton tile: 177 / 163
+#: 393,216 1150 / 1261. 16 heads x 1 token (16 rows) keeps the Triton tile: 177 / 163.
+#: fp8 latents the same (session 20, the same run, fp8 Gluon / best Triton tile timed:
+#: 128 heads 487.7 / 683.1 us, 16 x 2 248.0 / 294.9; every such key of the re-tune has the
+#: Gluon tile best or within 1.5% of it)
 GLUON_HEURISTIC_MIN_ROWS = 17
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
