@@ -155,10 +155,11 @@ def test_a_killed_ray_worker_is_retried_and_resumes(tmp_path):
              and any(m.run_id == x.id for m in rows)]
     assert len(retry) == 1 and retry[0].status == "done"
     # nothing committed was measured twice: the retry ran none of the victim's rows,
-    # only (at most) the one candidate in flight when it was killed
+    # only (at most) the candidate in flight when it was killed and its key's first timed
+    # candidate, whose row waits for the key's end to be timed again
     ran = _log(log)
     ran_by_others = {(n, b) for pid, n, b in ran if pid != victim.pid}
     assert not (ran_by_others & committed_by_victim)
     in_flight = {(n, b) for pid, n, b in ran if pid == victim.pid} - committed_by_victim
-    assert len(in_flight) <= 1
+    assert len(in_flight) <= 2 and len({n for n, _ in in_flight}) <= 1
     assert f"measured {N_KEYS * N_CANDS - len(committed_by_victim)} candidates" in out
