@@ -6,10 +6,9 @@ on a machine without a GPU and report ptxas's registers and spills and the share
 
 ``--balance`` compiles the balanced grid's variant (twice the splits in the grid: every
 program scans the batch's lengths); ``--kv fp8`` the fp8 (e4m3) latent's variant, with its
-scale tensors. Prints one JSON line per (page size, heads x QLEN,
-split count); exits 1 when a
-compile fails, spills, or needs more than the 227 KB of shared memory an sm_90 block may
-have. Run without TRITON_INTERPRET.
+scale tensors. Prints one JSON line per (cache dtype, page size, heads x QLEN, split
+count); exits 1 when a compile fails, spills, or needs more than the 227 KB of shared
+memory an sm_90 block may have. Run without TRITON_INTERPRET.
 """
 
 from __future__ import annotations

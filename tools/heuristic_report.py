@@ -7,9 +7,9 @@ For every decode_attention key of the database, today's heuristic config is look
 the key's verified measurements (the baseline rows left out) and set against the key's
 fastest. GQA/MHA keys are summarized per head dim: keys, geomean of heuristic / best, how
 many are within the margin, the worst; then the worst keys with the heuristic's config and
-time beside the best's. Latent (MLA) keys get a summary line, then the same by cache dtype. A heuristic config the tune
-never measured counts as infinitely slow (a re-tune would tell). The database is copied
-first: opening a store may migrate it.
+time beside the best's. Latent (MLA) keys get a summary line, then the same by cache
+dtype. A heuristic config the tune never measured counts as infinitely slow (a re-tune
+would tell). The database is copied first: opening a store may migrate it.
 """
 
 from __future__ import annotations

@@ -259,6 +259,7 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     complete = False
                     break
                 c0 = time.monotonic()
+                hold = False
                 if thr.first_s is None:
                     thr.first_s = c0 - t0
                 if ready.status == "infeasible":
@@ -274,8 +275,9 @@ def tune(targets: Sequence[TuneTarget], *, device: Device, torch_device: Any, st
                     thr.gpu_s += time.monotonic() - c0
                     timed_after += held is not None and timing is not None
                     if first and timing is not None and not timing.pilot:
-                        held = (cfg, role, m)
-                if held is None or held[2] is not m:
+                        held = (cfg, role, m)  # recorded at the key's end
+                        hold = True
+                if not hold:
                     record(m)
                 measure_s += time.monotonic() - c0
                 measured_here += 1

@@ -17,7 +17,7 @@ from kdispatch.kernels.decode_attention.spec import (
 from kdispatch.kernels.decode_attention import spec as spec_module
 from kdispatch.kernels.decode_attention.spec import workspace_bytes as _workspace_bytes
 from kdispatch.registry import get_op
-from kdispatch.store import digest
+from tool_modules import tool
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results/nvidia-h200"
 H200 = Device.from_key("nvidia-h200")
@@ -99,17 +99,11 @@ def test_heuristic_fills_device_for_kimi():
 
 def _recorded_best(key):
     """The fastest verified, non-baseline decode measurement of ``key`` in session 20's
-    committed tuning database."""
-    import json
-    import sqlite3
-
-    db = RESULTS / "session20/h200.sqlite"
-    rows = sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(
-        "select config_json, median_us from kd_measurements where op = 'decode_attention' "
-        "and key_digest = ? and status = 'ok' and verified and not is_baseline "
-        "and median_us is not null", (digest(key.model_dump(mode="json")),)).fetchall()
-    assert rows, key
-    return SPEC.parse_config(json.loads(min(rows, key=lambda r: r[1])[0]))
+    committed tuning database (tools/heuristic_report.py's reading of it)."""
+    rows = tool("heuristic_report").recorded_rows(RESULTS / "session20/h200.sqlite")
+    best = [row.best for row in rows if row.key == key]
+    assert len(best) == 1, key
+    return SPEC.parse_config(best[0])
 
 
 def test_heuristic_large_batch_one_split():

@@ -66,12 +66,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from kdispatch.dtypes import torch_dtype
 from kdispatch.kernels._common import interpreting
 from kdispatch.kernels.decode_attention.checks import q_dims, shares_latent
-from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_PAGE_SIZES,
-                                                     gluon_config)
+from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_KV_DTYPES,
+                                                     GLUON_PAGE_SIZES, gluon_config)
 
-GLUON_CACHE_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
+#: the cache dtypes the tile takes (the dispatch key's ``GLUON_KV_DTYPES``)
+GLUON_CACHE_DTYPES = tuple(torch_dtype(name) for name in GLUON_KV_DTYPES)
 
 LOG2E = 1.4426950408889634
 BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
