@@ -49,6 +49,17 @@ def test_a_ragged_case_draws_lengths_within_its_context():
     assert torch.equal(sl, case_inputs(case, torch.device("cpu"))[4])  # seeded
 
 
+def test_a_p64_case_has_64_token_pages_and_the_same_lengths():
+    import torch
+
+    ab = tool("ab_decode")
+    case = ab.parse_case("m:2,16,1,48,32,130,p64")
+    assert case["page"] == 64 and ab.parse_case("m:2,16,1,48,32,130")["page"] == 16
+    q, k, v, bt, sl, _ = ab.case_inputs(case, torch.device("cpu"))
+    assert k.shape[1] == 64 and bt.shape == (2, 3) and sl.tolist() == [130, 130]
+    assert torch.equal(v, k[..., :32])  # a latent case shares its cache
+
+
 def test_heuristic_means_the_heuristic_whatever_the_side_resolves(monkeypatch):
     """A table, database or override the side can see does not change what "heuristic"
     times (a checkout's db/ table is found even with KDISPATCH_TABLE_DIR set)."""

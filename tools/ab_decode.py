@@ -22,10 +22,10 @@ history) and carry it::
 the side could see (a checkout's ``db/`` table is found even with ``KDISPATCH_TABLE_DIR``
 set: that variable adds a directory in front, it hides none).
 
-A case is ``name:batch,q_heads,kv_heads,head_dim,head_dim_v,context[,fp8][,q2][,rag]``; a
+A case is ``name:batch,q_heads,kv_heads,head_dim,head_dim_v,context[,fp8][,q2][,rag][,p64]``; a
 latent case (kv_heads 1, head_dim > head_dim_v) passes ``v_cache = k_cache[..., :head_dim_v]``;
 ``rag``: ragged lengths drawn from N(context / 2, context / 4) in [1, context] (the table
-stays ``context`` wide, as a serving batch's does).
+stays ``context`` wide, as a serving batch's does); ``p64``: 64-token pages (else 16).
 ``--cpu`` runs both sides in the Triton interpreter on tiny cases (checks the plumbing; its
 times mean nothing).
 """
@@ -46,20 +46,21 @@ FP8_SCALE = 0.01
 
 
 def parse_case(text: str) -> dict:
-    """``name:b,hq,hk,dk,dv,ctx[,fp8][,q2]`` -> a case dict (ValueError naming the case)."""
+    """``name:b,hq,hk,dk,dv,ctx[,flags]`` -> a case dict (ValueError naming the case)."""
     try:
         name, rest = text.split(":", 1)
         parts = rest.split(",")
         b, hq, hk, dk, dv, ctx = (int(x) for x in parts[:6])
         flags = set(parts[6:])
     except ValueError as exc:
-        raise ValueError(f"--case {text!r}: expected name:b,hq,hk,dk,dv,ctx[,fp8][,q2][,rag]"
+        raise ValueError(f"--case {text!r}: expected name:b,hq,hk,dk,dv,ctx[,fp8][,q2][,rag][,p64]"
                          ) from exc
-    unknown = flags - {"fp8", "q2", "rag"}
+    unknown = flags - {"fp8", "q2", "rag", "p64"}
     if unknown:
         raise ValueError(f"--case {text!r}: unknown flags {sorted(unknown)}")
     return {"name": name, "batch": b, "hq": hq, "hk": hk, "dk": dk, "dv": dv, "context": ctx,
-            "fp8": "fp8" in flags, "q_len": 2 if "q2" in flags else 1, "ragged": "rag" in flags}
+            "fp8": "fp8" in flags, "q_len": 2 if "q2" in flags else 1, "ragged": "rag" in flags,
+            "page": 64 if "p64" in flags else 16}
 
 
 def case_inputs(case: dict, dev) -> tuple:
@@ -72,7 +73,7 @@ def case_inputs(case: dict, dev) -> tuple:
     from kdispatch.kernels._common import quantize_fp8
 
     g = torch.Generator(device=dev).manual_seed(0)
-    page = 16
+    page = case.get("page", 16)
     pages = -(-case["context"] // page)
     nb = case["batch"] * pages + 3
     latent = case["hk"] == 1 and case["dk"] > case["dv"]

@@ -39,7 +39,7 @@ A page id outside ``[0, num_pages)``, and a page of the tile past the split's en
 dereferenced: its copy is pointed past the end of the cache's row range, which TMA fills
 with zeros without reading memory (the mbarrier still counts the box's bytes), and its
 tokens' scores are -inf (per token: bit ``t // PAGE`` of the tile's validity bits, kept
-in a loop-carried int32 from the ids ``_load_tile`` loaded for the copies: the scores' mask
+in a loop-carried int32 from the ids ``_tile_ids`` loaded for the copies: the scores' mask
 reloads no id; a tile whose pages were all read and that ends before every row's end
 scales its scores with no mask, a uniform branch). Rows of the last (partial) tile
 past the split's end are zeroed in shared memory before the PV MMA (a stale row must not
@@ -106,15 +106,13 @@ def _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, row, pred, st, j: gl.con
 
 
 @gluon.jit
-def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred, st,
-               num_pages, oob_row, BLOCK_N: gl.constexpr, PAGE: gl.constexpr):
-    """TMA copies of the ``BLOCK_N // PAGE`` (1, 2 or 4) pages of the tile at token ``n0``
-    into stage ``st`` (when ``pred``), all of them always (a page past ``end`` or with a
-    bad id reads as zeros and still counts its bytes): one constant byte count. The page
-    ids are all loaded before the first copy (each copy is behind a CTA barrier). Returns
-    the tile's validity bits (int32, bit ``j``: page ``j`` was read, i.e. its id is in
-    ``[0, num_pages)``, its first token before ``end`` and ``pred``): the scores' mask
-    without reloading the ids."""
+def _tile_ids(bt_row, n0, end, pred, num_pages, oob_row, BLOCK_N: gl.constexpr,
+              PAGE: gl.constexpr):
+    """The cache rows of the ``BLOCK_N // PAGE`` (1, 2 or 4) pages of the tile at token
+    ``n0`` (unused ones repeat the first) and the tile's validity bits (int32, bit ``j``:
+    page ``j`` is read, i.e. its id is in ``[0, num_pages)``, its first token before
+    ``end`` and ``pred``): the scores' mask without reloading the ids. Loaded a tile ahead
+    of their copies, so no copy waits on an id load."""
     NP: gl.constexpr = BLOCK_N // PAGE
     gl.static_assert(NP == 1 or NP == 2 or NP == 4)
     r0, bits = _page_row(bt_row, n0, end, pred, num_pages, oob_row, PAGE)
@@ -128,6 +126,16 @@ def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred,
         r2, v2 = _page_row(bt_row, n0 + 2 * PAGE, end, pred, num_pages, oob_row, PAGE)
         r3, v3 = _page_row(bt_row, n0 + 3 * PAGE, end, pred, num_pages, oob_row, PAGE)
         bits = bits | (v2 << 2) | (v3 << 3)
+    return r0, r1, r2, r3, bits
+
+
+@gluon.jit
+def _copy_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, r0, r1, r2, r3, pred, st,
+               BLOCK_N: gl.constexpr, PAGE: gl.constexpr):
+    """TMA copies of a tile's pages (cache rows ``r0..r3`` from :func:`_tile_ids`) into
+    stage ``st`` (when ``pred``), all of them always (a page past the split's end or with a
+    bad id reads as zeros and still counts its bytes): one constant byte count."""
+    NP: gl.constexpr = BLOCK_N // PAGE
     bar = ready.index(st)
     mbarrier.expect(bar, NP * (kv_desc.block_type.nbytes + pe_desc.block_type.nbytes),
                     pred=pred)
@@ -137,7 +145,6 @@ def _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, n0, end, pred,
     if NP > 2:
         _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r2, pred, st, 2, BLOCK_N, PAGE)
         _copy_page(kv_desc, pe_desc, kv_smem, pe_smem, bar, r3, pred, st, 3, BLOCK_N, PAGE)
-    return bits
 
 
 @gluon.jit
@@ -261,9 +268,14 @@ def _gluon_mla_stage1(
 
     # tile 0 of the split into stage 0
     has_work = n_tiles > 0
-    # bits: the validity bits of the tile the loop step computes (_load_tile's), carried
-    bits = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row, start, end,
-                      has_work, 0, num_pages, oob_row, BLOCK_N, PAGE)
+    # bits: the validity bits of the tile the loop step computes (_tile_ids'), carried;
+    # the next tile's rows and bits are loaded a tile ahead of its copies
+    r0, r1, r2, r3, bits = _tile_ids(bt_row, start, end, has_work, num_pages, oob_row,
+                                     BLOCK_N, PAGE)
+    _copy_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, r0, r1, r2, r3, has_work, 0,
+               BLOCK_N, PAGE)
+    r0, r1, r2, r3, bits_next = _tile_ids(bt_row, start + BLOCK_N, end, 1 < n_tiles,
+                                          num_pages, oob_row, BLOCK_N, PAGE)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
     # the row sums stay per element until the end: no cross-warpgroup sum per page
@@ -304,11 +316,6 @@ def _gluon_mla_stage1(
         else:
             kv = kv_smem.index(st)
             pe = pe_smem.index(st)
-        # the other stage's MMAs were waited last tile: refill it now, under this tile's
-        gl.thread_barrier()  # MMAs, once both warpgroups are past them
-        bits_next = _load_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, bt_row,
-                               n0 + BLOCK_N, end, i + 1 < n_tiles, 1 - st, num_pages,
-                               oob_row, BLOCK_N, PAGE)
         mbarrier.wait(ready.index(st), (i // 2) & 1)
         if KV_FP8:  # the stage's fp8 bytes to the fp16 tile (the last tile's MMAs were
             # waited); the last, partial tile's V rows past the split's end as zeros
@@ -329,6 +336,14 @@ def _gluon_mla_stage1(
             gl.thread_barrier()
         s = warpgroup_mma(qpe_mma, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_mma, kv.permute((1, 0)), s, is_async=True)
+        # the other stage's MMAs were waited last tile: refill it now, while the score
+        # MMA runs (the copies' barriers wait on no id load: those came a tile ahead),
+        gl.thread_barrier()  # once both warpgroups are past them
+        _copy_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, r0, r1, r2, r3,
+                   i + 1 < n_tiles, 1 - st, BLOCK_N, PAGE)
+        r0, r1, r2, r3, bits_after = _tile_ids(bt_row, n0 + 2 * BLOCK_N, end,
+                                               i + 2 < n_tiles, num_pages, oob_row,
+                                               BLOCK_N, PAGE)
         # waits this warpgroup's score MMA (its PV MMA was waited last tile)
         s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
 
@@ -357,6 +372,7 @@ def _gluon_mla_stage1(
         # (C7515); waiting here keeps each chain pipelined
         acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
         bits = bits_next
+        bits_next = bits_after
 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.invalidate(ready.index(0))
