@@ -23,9 +23,12 @@ Per 64-token tile step:
   (each holds a 64 x 256 fp32 accumulator, 128 registers a thread).
 
 The next tile's copies go into the other stage as soon as both warpgroups are done with
-it: the PV MMA is waited at the end of each tile, so the copy is issued at the top of the
-next one and runs under the whole tile's MMAs and softmax (a PV MMA left in flight into
-the next tile's score MMA makes ptxas serialize the wgmmas, C7515: docs/decode_notes.md).
+it: the PV MMA is waited at the end of each tile, so the copies are issued early in the
+next one, right after its score MMA (they run under the tile's MMAs and softmax; a PV MMA
+left in flight into the next tile's score MMA makes ptxas serialize the wgmmas, C7515:
+docs/decode_notes.md). The compiler puts a CTA barrier before each copy; their page ids
+were loaded a tile earlier, so no warp waits there on an id load, and the chain runs
+while the score MMA does.
 
 An fp8 (e4m3) latent (``KV_FP8``) arrives by TMA as bytes into the ring; each tile step
 converts its stage to one fp16 tile (exact; the last tile's V rows past the split's end as

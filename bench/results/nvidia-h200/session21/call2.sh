@@ -5,6 +5,9 @@
 # 20's database (its KV-write rows carry: kv_write's source is unchanged), cut at 6
 # minutes, exported.
 #   OUT=$OUT bash bench/results/nvidia-h200/session21/call2.sh      # carry [".whl"]
+# The run stopped at its 6 minutes with 128 of 166 keys exported (a fresh machine: 386 s of
+# compiling); the same call resumed it on the warm machine's database (call2b-*):
+#   TUNE_MINUTES=3 OUT=$OUT bash bench/results/nvidia-h200/session21/call2.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
