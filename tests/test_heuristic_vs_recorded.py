@@ -30,6 +30,15 @@ RESULTS = Path(__file__).resolve().parents[1] / "bench/results/nvidia-h200"
 DB = RESULTS / "session14/h200.sqlite"
 
 
+def _full_space(tmp: Path) -> dict[str, float]:
+    """Session 14's full-space ratios; a key whose heuristic config that tune never timed
+    (the early reduce at 640 KiB-1 MiB per SM since session 21: 55 x 96 b1 x 4k) is
+    judged on session 21's tune, which timed it."""
+    ratios = _ratios(tmp, DB)
+    later = _ratios(tmp, DB21)
+    return {k: later.get(k, r) if math.isinf(r) else r for k, r in ratios.items()}
+
+
 def _ratios(tmp: Path, db: Path = DB) -> dict[str, float]:
     assert db.is_file(), f"{db} is missing (committed with git add -f: *.sqlite is ignored)"
     copy = tmp / "recorded.sqlite"  # a copy: opening a store may migrate it
@@ -70,7 +79,7 @@ def test_the_heuristics_come_within_10_percent_of_the_recorded_best(tmp_path):
     assert _geomean(r for k, r in ratios.items() if k.startswith("decode")) < 1.01
     # session 14's full-space tune (up to 60 candidates a key) holds every key but the fp8
     # latents past 16 rows, whose Gluon tile came later: the same bar there
-    old = {k: r for k, r in _ratios(tmp_path).items() if not _fp8_gluon(k)}
+    old = {k: r for k, r in _full_space(tmp_path).items() if not _fp8_gluon(k)}
     assert len(old) == 166 - 24
     assert sum(r > 1.10 for r in old.values()) <= 2 and max(old.values()) < 1.20
     assert _geomean(r for k, r in old.items() if k.startswith("decode")) < 1.03
@@ -88,7 +97,7 @@ def _fp8_gluon(k: str) -> bool:
 
 
 def test_the_gqa_rules_hold_at_head_dims_64_and_256(tmp_path):
-    dims = {k: r for k, r in _ratios(tmp_path).items()
+    dims = {k: r for k, r in _full_space(tmp_path).items()
             if k.startswith("decode") and any(f'"head_dim":{d},' in k for d in (64, 256))}
     assert len(dims) == 28
     assert max(dims.values()) < 1.12, dims
@@ -139,7 +148,7 @@ def test_the_latent_split_rules_hold_on_the_balanced_grids_tune(tmp_path):
     assert max(mla.values()) < 1.10, {k: r for k, r in mla.items() if r >= 1.10}
     assert sum(r > 1.03 for r in mla.values()) <= 6, {k: r for k, r in mla.items() if r > 1.03}
     assert _geomean(mla.values()) < 1.014
-    old = {k: r for k, r in _ratios(tmp_path).items()
+    old = {k: r for k, r in _full_space(tmp_path).items()
            if k.startswith("decode") and '"head_dim":576,' in k and not _fp8_gluon(k)}
     assert sum(r > 1.03 for r in old.values()) <= 5 and _geomean(old.values()) < 1.014
     new = {k: round(r, 3) for k, r in _ratios(tmp_path, DB21).items()
@@ -159,7 +168,7 @@ def test_every_gqa_head_dim_is_within_3_percent_of_the_recorded_best(tmp_path):
     SMs) and the early reduce of short calls: 64: 9 of 14 keys (geomean 1.027), 96: 2 of 4
     (1.047, the 55-head b1 x 4k at 1.147), 128: 17 of 24 (1.026, b1 x 8k at 1.124), 256: 13
     of 14 (1.009)."""
-    ratios = _ratios(tmp_path)
+    ratios = _full_space(tmp_path)
     for dim, n in GQA_KEYS.items():
         mine = {k: round(r, 3) for k, r in ratios.items()
                 if k.startswith("decode") and f'"head_dim":{dim},' in k}

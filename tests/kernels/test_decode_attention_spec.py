@@ -130,6 +130,10 @@ def test_gqa_early_reduce_only_where_the_device_has_it_and_the_call_is_short():
     llama = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128)
     short = key(batch=1, context=8192, **llama)
     assert SPEC.heuristic(short).pdl and not SPEC.heuristic(key(batch=8, **llama)).pdl
+    # up to 1 MiB of cache per SM (session 21's refit: b1 x 32k, 993 KiB, 0.973-0.978 of
+    # the time without it in three tunes); not at 2 MiB (b1 x 65,536)
+    assert SPEC.heuristic(key(batch=1, context=32768, **llama)).pdl
+    assert not SPEC.heuristic(key(batch=1, context=65536, **llama)).pdl
     for device in ("nvidia-a100", "amd-mi355x"):  # no griddepcontrol: never pdl
         other = SPEC.key(Device.from_key(device), {**KIMI, **llama, "batch": 1,
                                                    "context": 8192})

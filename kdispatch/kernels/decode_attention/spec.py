@@ -120,10 +120,15 @@ ONE_PER_SM_MIN_FILL = 7 / 8
 #: early (pdl): it saves 1-2 us of the reduce's launch, 2-11% of such short calls. Session
 #: 14, the heuristic's pdl twin at every key of <= 64 MiB on 132 SMs: 0.889-0.980 of the
 #: heuristic (D=128 b1 x 8k 14.4 vs 16.1 us); above it 0.974-1.036 (bf16 0.97-1.00; fp8
-#: D=256 b8 x 32k 368.7 vs 356.0 us, D=128 b4 x 262k 656.5 vs 644.4). The bound is the
-#: measured side: the next key up, 55 x 96 bf16 b1 x 4k (640 KiB per SM), runs 2 stages
-#: (ONE_PER_SM_MIN_FILL), whose pdl twin no tune has timed
-GQA_PDL_MAX_BYTES_PER_SM = 512 * 1024
+#: D=256 b8 x 32k 368.7 vs 356.0 us, D=128 b4 x 262k 656.5 vs 644.4). Raised from 512 KiB
+#: in session 21: the six preset keys of 640-993 KiB per SM, timed both ways in sessions
+#: 18, 20 and 21 (the twin of each heuristic config is a candidate), ran 0.964-0.978 with
+#: the early reduce at the three bf16 ones (55 x 96 b1 x 4k 31.2-31.5 vs 32.2-32.4 us, D=64
+#: b8 x 8k 38.4-39.3 vs 39.7-40.2, D=128 b1 x 32k 37.7-38.5 vs 38.8-39.5), 0.990-1.001 at
+#: the fp8 D=128 ones and 0.998-1.005 at fp8 D=256 b1 x 32k. The next keys up (about 2
+#: MiB per SM) split: bf16 faster with it, fp8 1.5-2.4% slower (D=256 b8 x 8k, D=128 b1 x
+#: 131k)
+GQA_PDL_MAX_BYTES_PER_SM = 1024 * 1024
 #: Latent (MLA) tiles ``(fp8 cache, up to rows, (block_n, num_warps, num_stages))``, the
 #: first match applies. Timed on the H200: bf16 16 rows at 32 tokens, 4 warps, 3 stages
 #: (v2: kimi b8 x 327,600 830 vs 993 us at 2 stages; 64 tokens 1366 us); 64 rows (128
