@@ -140,8 +140,9 @@ def test_the_latent_split_rules_hold_on_the_balanced_grids_tune(tmp_path):
     best (16 heads x 2 tokens b32 x 393,216 at 1.128), 19 above 1.03, geomean 1.028; on
     session 14's: 3, 22 and 1.028; on session 20's (the first with each key's first
     candidate timed again), bf16 keys: 3 above 1.10 (1.180 the worst), 6 above 1.03,
-    geomean 1.020. The last check reads session 21's tune (today's kernels). Sessions 14 and 18 timed the fp8 latents past 16 rows on the Triton
-    tiles only: those keys are left out there."""
+    geomean 1.020. The last check reads session 21's tune (today's kernels). Sessions 14
+    and 18 timed the fp8 latents past 16 rows on the Triton tiles only: those keys are
+    left out there."""
     mla = {k: round(r, 3) for k, r in _ratios(tmp_path, DB18).items()
            if k.startswith("decode") and '"head_dim":576,' in k and not _fp8_gluon(k)}
     assert len(mla) == 40
