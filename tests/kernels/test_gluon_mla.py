@@ -105,6 +105,31 @@ def test_compiles_for_sm90a_without_spills():
         assert rep["wgmma"] == 40 and not rep["serialized_wgmma_warning"], rep
 
 
+def test_the_compile_tool_flags_every_kind_of_serialized_wgmma():
+    """ptxas serializes the warpgroup MMAs for several reasons, each its own warning number
+    (C7514 when an instruction reads an in-flight accumulator: a PV MMA left in flight
+    across the loop's back edge compiled to it in session 21; C7515 when one defines it):
+    the tool reports any of them (it looked for C7515 alone before)."""
+    logs = {
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions "
+        "are serialized due to non wgmma instructions reading accumulator registers of  a "
+        "wgmma between start and end of the pipeline stage in the function 'k'": True,
+        "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions "
+        "are serialized due to non wgmma instructions defining accumulator registers of a "
+        "wgmma between start and end of the pipeline stage in the function 'k'": True,
+        "ptxas info    : Used 226 registers, used 1 barriers": False,
+    }
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = ("import json, sys; sys.path.insert(0, 'tools'); import gluon_mla_compile as g; "
+            "print(json.dumps([g.wgmma_serialized(x) for x in json.load(sys.stdin)]))")
+    res = subprocess.run([sys.executable, "-c", code], input=json.dumps(list(logs)),
+                         check=False, capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == list(logs.values())
+
+
 def test_compiles_at_pages_16_and_32_without_spills():
     """Each page of the 64-token tile its own pair of TMA copies: the same MMAs, no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
