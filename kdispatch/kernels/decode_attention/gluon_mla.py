@@ -25,8 +25,8 @@ Per 64-token tile step:
 The next tile's copies go into the other stage as soon as both warpgroups are done with
 it: the PV MMA is waited at the end of each tile, so the copies are issued early in the
 next one, right after its score MMA (they run under the tile's MMAs and softmax; a PV MMA
-left in flight into the next tile's score MMA makes ptxas serialize the wgmmas, C7515:
-docs/decode_notes.md). The compiler puts a CTA barrier before each copy; their page ids
+left in flight into the next tile's score MMA makes ptxas serialize the wgmmas, C7515 or
+C7514 by the form: docs/decode_notes.md v12, v21). The compiler puts a CTA barrier before each copy; their page ids
 were loaded a tile earlier, so no warp waits there on an id load, and the chain runs
 while the score MMA does.
 
@@ -372,7 +372,8 @@ def _gluon_mla_stage1(
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         acc = warpgroup_mma(p_smem, kv, acc, is_async=True)
         # an accumulator in flight across the back edge makes ptxas serialize the wgmmas
-        # (C7515); waiting here keeps each chain pipelined
+        # (C7515, or C7514 when waited after the next score MMA); waiting here keeps each
+        # chain pipelined
         acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
         bits = bits_next
         bits_next = bits_after
