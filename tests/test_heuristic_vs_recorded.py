@@ -10,8 +10,8 @@ change, re-tune and record again.) The GQA tile and split rules for head dims 64
 and for fp8 caches, and the Gluon rule, were fitted to these measurements (before them,
 bf16 head-dim-256 keys ran 1.22-1.30x the best, the 128-head MLA keys ~1.7x), and so were
 the GQA rules of one program per SM, whole waves and the early reduce of short calls
-(``tools/heuristic_report.py`` prints the figures by head dim). Session 21's tune
-(``session21/h200.sqlite``: the first 24 candidates of every key, on today's kernels, each
+(``tools/heuristic_report.py`` prints the figures by head dim). Session 22's tune
+(``session22/h200.sqlite``: the first 24 candidates of every key, on today's kernels, each
 key's first timed candidate timed again at its end) holds every key, the fp8 latents on
 the Gluon tile included; the tunes before session 20 hold every key but those.
 """
@@ -33,9 +33,9 @@ DB = RESULTS / "session14/h200.sqlite"
 def _full_space(tmp: Path) -> dict[str, float]:
     """Session 14's full-space ratios; a key whose heuristic config that tune never timed
     (the early reduce at 640 KiB-1 MiB per SM since session 21: 55 x 96 b1 x 4k) is
-    judged on session 21's tune, which timed it."""
+    judged on session 22's tune, which timed it."""
     ratios = _ratios(tmp, DB)
-    later = _ratios(tmp, DB21)
+    later = _ratios(tmp, DB22)
     return {k: later.get(k, r) if math.isinf(r) else r for k, r in ratios.items()}
 
 
@@ -64,14 +64,14 @@ def _geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-#: session 21's tune on today's kernels (the Gluon tile's fp8 latents among them): the first
+#: session 22's tune on today's kernels (the Gluon tile's fp8 latents among them): the first
 #: 24 candidates of every preset key, each key's first timed candidate timed again at the
 #: key's end (the faster kept)
-DB21 = RESULTS / "session21/h200.sqlite"
+DB22 = RESULTS / "session22/h200.sqlite"
 
 
 def test_the_heuristics_come_within_10_percent_of_the_recorded_best(tmp_path):
-    ratios = _ratios(tmp_path, DB21)
+    ratios = _ratios(tmp_path, DB22)
     assert len(ratios) == 166
     far = {k: round(r, 2) for k, r in ratios.items() if r > 1.10}
     assert len(far) <= 2, far
@@ -113,7 +113,7 @@ def test_the_gluon_tile_is_the_heuristic_where_it_is_the_best(tmp_path):
 
     op = get_op("decode_attention")
     gluon = {}
-    for k, r in _ratios(tmp_path, DB21).items():
+    for k, r in _ratios(tmp_path, DB22).items():
         if k.startswith("decode"):
             key = op.parse_key(json.loads(k.split(" ", 1)[1]))
             if spec.gluon_fits(key) and key.rows > 16:
@@ -128,35 +128,23 @@ def test_the_gluon_tile_is_the_heuristic_where_it_is_the_best(tmp_path):
     assert sum(r > 1.03 for r in gluon.values()) <= 3, gluon
 
 
-#: session 18's tune on the balanced split grid (session 17's kernels, the hashes shipped
-#: since): the first 24 candidates of every preset key, the heuristic's among them
-DB18 = RESULTS / "session18/h200.sqlite"
-
-
 def test_the_latent_split_rules_hold_on_the_balanced_grids_tune(tmp_path):
-    """The wide (64-row) latent tile's two waves where each split keeps 8k tokens, and its
-    second split at 8k tokens or more below 4 waves (spec.LATENT_WIDE_*), fitted to
-    session 18's tune. Before them, on that tune: 3 of the 64 MLA keys above 1.10x their
-    best (16 heads x 2 tokens b32 x 393,216 at 1.128), 19 above 1.03, geomean 1.028; on
-    session 14's: 3, 22 and 1.028; on session 20's (the first with each key's first
-    candidate timed again), bf16 keys: 3 above 1.10 (1.180 the worst), 6 above 1.03,
-    geomean 1.020. The last check reads session 21's tune (today's kernels). Sessions 14
-    and 18 timed the fp8 latents past 16 rows on the Triton tiles only: those keys are
-    left out there."""
-    mla = {k: round(r, 3) for k, r in _ratios(tmp_path, DB18).items()
-           if k.startswith("decode") and '"head_dim":576,' in k and not _fp8_gluon(k)}
-    assert len(mla) == 40
-    assert max(mla.values()) < 1.10, {k: r for k, r in mla.items() if r >= 1.10}
-    assert sum(r > 1.03 for r in mla.values()) <= 6, {k: r for k, r in mla.items() if r > 1.03}
-    assert _geomean(mla.values()) < 1.014
-    old = {k: r for k, r in _full_space(tmp_path).items()
-           if k.startswith("decode") and '"head_dim":576,' in k and not _fp8_gluon(k)}
-    assert sum(r > 1.03 for r in old.values()) <= 5 and _geomean(old.values()) < 1.014
-    new = {k: round(r, 3) for k, r in _ratios(tmp_path, DB21).items()
+    """The wide (64-row) latent tile's split rules (spec.LATENT_WIDE_*): two waves where
+    each split keeps 8k tokens and the one wave already gives a request 4 splits, a second
+    split at 8k tokens or more below 4 waves for bf16. First fitted to session 18's tune
+    (before them: 3 of the 64 MLA keys above 1.10x their best, 19 above 1.03, geomean
+    1.028), refitted to session 22's (the Gluon tile's copies in a warp of their own,
+    which runs 128 heads faster in one wave): before the refit there, 8 keys above 1.03
+    (128 heads b32 x 32,768-65,536 at the two waves' 4 splits, fp8 two tokens at the
+    second split), geomean 1.009; after it 3 and 1.005. The tunes before session 22 timed
+    earlier kernels, whose trade-off the refit no longer follows."""
+    new = {k: round(r, 3) for k, r in _ratios(tmp_path, DB22).items()
            if k.startswith("decode") and '"head_dim":576,' in k}
     assert len(new) == 64 and max(new.values()) < 1.07, new
+    assert sum(r > 1.03 for r in new.values()) <= 3, {k: r for k, r in new.items() if r > 1.03}
+    assert _geomean(new.values()) < 1.007
     bf16 = [r for k, r in new.items() if '"kv_dtype":"bfloat16"' in k]
-    assert len(bf16) == 32 and sum(r > 1.03 for r in bf16) <= 5 and _geomean(bf16) < 1.01
+    assert len(bf16) == 32 and sum(r > 1.03 for r in bf16) <= 2 and _geomean(bf16) < 1.006
 
 
 #: GQA/MHA keys of the recorded tune by head dim
@@ -181,7 +169,7 @@ def test_every_gqa_head_dim_is_within_3_percent_of_the_recorded_best(tmp_path):
 def test_the_report_tool_prints_every_head_dim(capsys):
     from tool_modules import tool
 
-    tool("heuristic_report").main(["--db", str(DB21), "--worst", "1"])
+    tool("heuristic_report").main(["--db", str(DB22), "--worst", "1"])
     out = capsys.readouterr().out
     for dim, n in GQA_KEYS.items():
         assert f"  {dim}: {n} keys, geomean 1.0" in out

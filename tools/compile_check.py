@@ -62,7 +62,8 @@ def compile_launch(launch, arch: int):
             consts[name] = attr
         elif isinstance(attr, str):
             attrs[(i,)] = BaseBackend.parse_attr(attr)
-    opts = {k: v for k, v in launch.options.items() if k in ("num_warps", "num_stages")}
+    opts = {k: v for k, v in launch.options.items()
+            if k in ("num_warps", "num_stages", "maxnreg")}
     source = GluonASTSource if type(launch.fn).__name__ == "GluonJITFunction" else ASTSource
     return triton.compile(source(launch.fn, sig, consts, attrs),
                           target=GPUTarget("cuda", arch, 32), options=opts)

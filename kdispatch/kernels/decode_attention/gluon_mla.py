@@ -22,13 +22,19 @@ Per 64-token tile step:
   the same latent tile; the output's 512 columns are split between the two warpgroups
   (each holds a 64 x 256 fp32 accumulator, 128 registers a thread).
 
-The next tile's copies go into the other stage as soon as both warpgroups are done with
-it: the PV MMA is waited at the end of each tile, so the copies are issued early in the
-next one, right after its score MMA (they run under the tile's MMAs and softmax; a PV MMA
+The copies come from a warp of their own (``gl.warp_specialize``: :func:`_producer`, 32
+registers, in a third warpgroup whose other warps idle; the two warpgroups
+(:func:`_consumer`) take the registers that frees, 240). It loads a tile's page ids, waits
+until the consumers released the stage (``empty``), and issues the tile's copies, which
+complete the stage's ``ready`` mbarrier; the consumers release a stage once both
+warpgroups' MMAs on it are done (a bf16 stage after its PV MMA, an fp8 one after its
+conversion). Before (session 21) the two warpgroups issued the copies themselves, and
+the compiler puts a CTA barrier before each copy: 8 copies and 9 barriers a tile at
+16-token pages. Now their loop has no copy and no barrier of a copy: at 16-token pages
+0.90x the time (128 heads) and 0.88x (16 heads x 2 tokens), at 64-token pages 0.98x
+(docs/decode_notes.md v22). The PV MMA is still waited at the end of each tile (a PV MMA
 left in flight into the next tile's score MMA makes ptxas serialize the wgmmas, C7515 or
-C7514 by the form: docs/decode_notes.md v12, v21). The compiler puts a CTA barrier before each copy; their page ids
-were loaded a tile earlier, so no warp waits there on an id load, and the chain runs
-while the score MMA does.
+C7514 by the form: v12, v21).
 
 An fp8 (e4m3) latent (``KV_FP8``) arrives by TMA as bytes into the ring; each tile step
 converts its stage to one fp16 tile (exact; the last tile's V rows past the split's end as
@@ -41,10 +47,10 @@ sees new scales.
 A page id outside ``[0, num_pages)``, and a page of the tile past the split's end, is never
 dereferenced: its copy is pointed past the end of the cache's row range, which TMA fills
 with zeros without reading memory (the mbarrier still counts the box's bytes), and its
-tokens' scores are -inf (per token: bit ``t // PAGE`` of the tile's validity bits, kept
-in a loop-carried int32 from the ids ``_tile_ids`` loaded for the copies: the scores' mask
-reloads no id; a tile whose pages were all read and that ends before every row's end
-scales its scores with no mask, a uniform branch). Rows of the last (partial) tile
+tokens' scores are -inf (per token: bit ``t // PAGE`` of the tile's validity bits, which
+the consumers take from the tile's ids (``_tile_ids``, loaded a tile ahead, as the copy
+warp loads them for its copies); a tile whose pages were all read and that ends before
+every row's end scales its scores with no mask, a uniform branch). Rows of the last (partial) tile
 past the split's end are zeroed in shared memory before the PV MMA (a stale row must not
 turn ``0 * NaN`` into a NaN). The split of a request's tokens and the partials layout
 (``[B, QLEN * H, splits, 512]`` fp32 partial outputs and ``[B, QLEN * H, splits]``
@@ -83,7 +89,12 @@ BLOCK_H = 64      # rows ((token, head) pairs of one request) per program
 BLOCK_N = 64      # tokens per tile (the split chunking's unit)
 DV = 512          # latent (V) columns
 DPE = 64          # rope columns
-NUM_WARPS = 8     # two warpgroups
+NUM_WARPS = 8     # two warpgroups (and the copy warp, in a third warpgroup of its own)
+#: registers a thread at launch: 12 warps (the copy warp's group rounds up to 4) x 32 x 168
+#: fit the SM's 65,536; the copy warp's group then gives its registers up to 32 a thread
+#: and the two warpgroups take what that frees (240)
+MAXNREG = 168
+COPY_WARP_REGS = 32
 
 
 @gluon.jit
@@ -195,6 +206,170 @@ def _mean_len(SL, max_len, batch, num_warps: gl.constexpr):
 
 
 @gluon.jit
+def _producer(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end, n_tiles,
+              num_pages, oob_row, BLOCK_N: gl.constexpr, PAGE: gl.constexpr):
+    """The copy warp: each tile's page ids, then its TMA copies into the ring's stage once
+    the consumers released it (``empty``); the copies complete ``ready``."""
+    for i in range(n_tiles):
+        st = i % 2
+        r0, r1, r2, r3, bits = _tile_ids(bt_row, start + i * BLOCK_N, end, True, num_pages,
+                                         oob_row, BLOCK_N, PAGE)
+        # a fresh mbarrier's preceding phase counts as complete: the first two tiles pass
+        mbarrier.wait(empty.index(st), ((i // 2) & 1) ^ 1)
+        _copy_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, r0, r1, r2, r3, True, st,
+                   BLOCK_N, PAGE)
+
+
+@gluon.jit
+def _consumer(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, empty, q_bar,
+              bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, KS, VS,
+              PO, PL, b, split, pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb,
+              stride_plh, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
+              DV: gl.constexpr, QLEN: gl.constexpr, KV_FP8: gl.constexpr,
+              KV_SCALED: gl.constexpr, num_warps: gl.constexpr):
+    """The two warpgroups' tile loop (scores, online softmax, PV) and the partials."""
+    # scores: each warpgroup 32 of the 64 token columns; output: each 256 of the 512
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    if KV_FP8:
+        DOT: gl.constexpr = gl.float16
+    else:
+        DOT: gl.constexpr = gl.bfloat16
+
+    # bits: the validity bits of the tile the loop step computes, loaded a tile ahead
+    bits = _tile_ids(bt_row, start, end, n_tiles > 0, num_pages, oob_row, BLOCK_N, PAGE)[4]
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
+    # the row sums stay per element until the end: no cross-warpgroup sum per page
+    l_2d = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    # an async MMA's result type from the start, as the loop carries it
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    offs_t = gl.arange(0, BLOCK_N, layout=col_s)
+    if PAGE == BLOCK_N:  # one page a tile: bit 0 (a scalar test)
+        page_bit: gl.constexpr = 1
+    else:  # a token column's page's bit in ``bits`` ([1, BLOCK_N])
+        page_bit = (1 << (offs_t // PAGE))[None, :]
+    ALL_PAGES: gl.constexpr = (1 << (BLOCK_N // PAGE)) - 1  # every page of a tile read
+    # a tile ending at or before ``clean_end`` with every page read needs no mask
+    clean_end = end
+    if QLEN > 1:  # each row's visible end: its token's causal limit, within the split
+        tok_s = (pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)) // heads
+        row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
+        clean_end = gl.minimum(seq_len - (QLEN - 1) + (pid_h * BLOCK_H) // heads, end)
+    mbarrier.wait(q_bar, 0)
+    if KV_FP8:  # q to fp16 in place (each thread rewrites the values it read)
+        q_mma = _q_to_f16(q_smem, BLOCK_H, DV, num_warps)
+        qpe_mma = _q_to_f16(qpe_smem, BLOCK_H, qpe_smem.shape[1], num_warps)
+        fence_async_shared()
+        gl.thread_barrier()
+        if KV_SCALED:  # the dequantized latent (as K) = stored * k_scale
+            qk_scale = qk_scale * gl.load(KS)
+    else:
+        q_mma = q_smem
+        qpe_mma = qpe_smem
+
+    for i in range(n_tiles):
+        st = i % 2
+        n0 = start + i * BLOCK_N
+        if KV_FP8:
+            kv = kv16
+            pe = pe16
+        else:
+            kv = kv_smem.index(st)
+            pe = pe_smem.index(st)
+        # the next tile's bits (an id load or four, under this tile's wait and MMAs)
+        bits_next = _tile_ids(bt_row, n0 + BLOCK_N, end, i + 1 < n_tiles, num_pages,
+                              oob_row, BLOCK_N, PAGE)[4]
+        mbarrier.wait(ready.index(st), (i // 2) & 1)
+        if KV_FP8:  # the stage's fp8 bytes to the fp16 tile (the last tile's MMAs were
+            # waited); the last, partial tile's V rows past the split's end as zeros
+            if n0 + BLOCK_N > end:
+                _f8_to_f16(kv_smem.index(st), kv16, end - n0, BLOCK_N, DV, num_warps, True)
+            else:
+                _f8_to_f16(kv_smem.index(st), kv16, BLOCK_N, BLOCK_N, DV, num_warps, False)
+            _f8_to_f16(pe_smem.index(st), pe16, BLOCK_N, BLOCK_N, pe16.shape[1], num_warps,
+                       False)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(st), count=1)  # the stage is read: refill it
+        elif n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
+            rows_z = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zero_l))
+            keep_z = (rows_z < end - n0)[:, None]
+            for c in gl.static_range(DV // 64):
+                part = kv.slice(c * 64, 64, dim=1)
+                part.store(gl.where(keep_z, part.load(zero_l), 0.0))
+            fence_async_shared()
+            gl.thread_barrier()
+        s = warpgroup_mma(qpe_mma, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_mma, kv.permute((1, 0)), s, is_async=True)
+        # waits this warpgroup's score MMA (its PV MMA was waited last tile)
+        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+
+        if (bits == ALL_PAGES) & (n0 + BLOCK_N <= clean_end):  # (uniform) nothing masked
+            s = s * qk_scale
+        else:  # a token is seen when its page was read (the bits of its page ids) and it
+            # is before its row's end
+            page_ok = (bits & page_bit) != 0
+            if QLEN > 1:  # a row's end is within the split's
+                visible = ((n0 + offs_t)[None, :] < row_end[:, None]) & page_ok
+            else:
+                visible = (offs_t < end - n0)[None, :] & page_ok
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_2d = l_2d * alpha[:, None] + p
+        m_i = m_new
+        p_smem.store(p.to(DOT))
+        fence_async_shared()
+        gl.thread_barrier()  # every warp's P is in shared memory before the MMA reads it
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(p_smem, kv, acc, is_async=True)
+        # an accumulator in flight across the back edge makes ptxas serialize the wgmmas
+        # (C7515, or C7514 when waited after the next score MMA); waiting here keeps each
+        # chain pipelined
+        acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
+        gl.thread_barrier()  # both warpgroups' MMAs are done with the tile
+        if not KV_FP8:  # the copy warp may refill the stage (fp8: the next tile's
+            # conversion may overwrite the fp16 tile)
+            mbarrier.arrive(empty.index(st), count=1)
+        bits = bits_next
+
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    l_i = gl.sum(l_2d, 1)
+    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+    if KV_SCALED:  # the dequantized latent (as V) = stored * v_scale
+        out = acc * gl.convert_layout(gl.load(VS) / l_safe, row_o)[:, None]
+    else:
+        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    # row r (token r // heads, head r % heads) goes to partial row head * QLEN + token
+    has_work = n_tiles > 0
+    rows_o = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+    prow_o = rows_o
+    if QLEN > 1:
+        prow_o = (rows_o % heads) * QLEN + rows_o // heads
+    cols_o = gl.arange(0, DV, layout=col_o)
+    po = (PO + b * stride_pob + split * stride_pos + prow_o[:, None] * stride_poh
+          + cols_o[None, :])
+    gl.store(po, out, mask=has_work & (rows_o < QLEN * heads)[:, None]
+             & (cols_o[None, :] < DV))
+    rows_s = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
+    prow_s = rows_s
+    if QLEN > 1:
+        prow_s = (rows_s % heads) * QLEN + rows_s // heads
+    gl.store(PL + b * stride_plb + prow_s * stride_plh + split, m_i + gl.log2(l_safe),
+             mask=has_work & (rows_s < QLEN * heads))
+
+
+@gluon.jit
 def _gluon_mla_stage1(
     q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL, KS, VS,
     qk_scale, max_len, num_pages, heads,
@@ -211,19 +386,8 @@ def _gluon_mla_stage1(
     pid_h = gl.program_id(0)
     b = gl.program_id(1)
     split = gl.program_id(2)
-
-    # scores: each warpgroup 32 of the 64 token columns; output: each 256 of the 512
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
-    zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     # the dots' dtype: bf16, or fp16 for an fp8 latent (e4m3 -> fp16 is one packed
     # conversion on sm_90; q's bf16 values convert exactly within fp16's range)
     if KV_FP8:
@@ -255,10 +419,15 @@ def _gluon_mla_stage1(
     if KV_FP8:  # one fp16 tile both dots read, converted from the ring's stage per tile
         kv16 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, DV], smem_l)
         pe16 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, DPE], smem_l)
+    else:  # (unused)
+        kv16 = kv_smem
+        pe16 = pe_smem
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(ready.index(0), count=1)
-    mbarrier.init(ready.index(1), count=1)
+    for j in gl.static_range(2):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(empty.index(j), count=1)
     mbarrier.init(q_bar, count=1)
     fence_async_shared()
 
@@ -269,142 +438,19 @@ def _gluon_mla_stage1(
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
 
-    # tile 0 of the split into stage 0
-    has_work = n_tiles > 0
-    # bits: the validity bits of the tile the loop step computes (_tile_ids'), carried;
-    # the next tile's rows and bits are loaded a tile ahead of its copies
-    r0, r1, r2, r3, bits = _tile_ids(bt_row, start, end, has_work, num_pages, oob_row,
-                                     BLOCK_N, PAGE)
-    _copy_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, r0, r1, r2, r3, has_work, 0,
-               BLOCK_N, PAGE)
-    r0, r1, r2, r3, bits_next = _tile_ids(bt_row, start + BLOCK_N, end, 1 < n_tiles,
-                                          num_pages, oob_row, BLOCK_N, PAGE)
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
-    # the row sums stay per element until the end: no cross-warpgroup sum per page
-    l_2d = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
-    # an async MMA's result type from the start, as the loop carries it
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout))
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
-    offs_t = gl.arange(0, BLOCK_N, layout=col_s)
-    if PAGE == BLOCK_N:  # one page a tile: bit 0 (a scalar test)
-        page_bit: gl.constexpr = 1
-    else:  # a token column's page's bit in ``bits`` ([1, BLOCK_N])
-        page_bit = (1 << (offs_t // PAGE))[None, :]
-    ALL_PAGES: gl.constexpr = (1 << (BLOCK_N // PAGE)) - 1  # every page of a tile read
-    # a tile ending at or before ``clean_end`` with every page read needs no mask
-    clean_end = end
-    if QLEN > 1:  # each row's visible end: its token's causal limit, within the split
-        tok_s = (pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)) // heads
-        row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
-        clean_end = gl.minimum(seq_len - (QLEN - 1) + (pid_h * BLOCK_H) // heads, end)
-    mbarrier.wait(q_bar, 0)
-    if KV_FP8:  # q to fp16 in place (each thread rewrites the values it read)
-        q_mma = _q_to_f16(q_smem, BLOCK_H, DV, num_warps)
-        qpe_mma = _q_to_f16(qpe_smem, BLOCK_H, DPE, num_warps)
-        fence_async_shared()
-        gl.thread_barrier()
-        if KV_SCALED:  # the dequantized latent (as K) = stored * k_scale
-            qk_scale = qk_scale * gl.load(KS)
-    else:
-        q_mma = q_smem
-        qpe_mma = qpe_smem
-
-    for i in range(n_tiles):
-        st = i % 2
-        n0 = start + i * BLOCK_N
-        if KV_FP8:
-            kv = kv16
-            pe = pe16
-        else:
-            kv = kv_smem.index(st)
-            pe = pe_smem.index(st)
-        mbarrier.wait(ready.index(st), (i // 2) & 1)
-        if KV_FP8:  # the stage's fp8 bytes to the fp16 tile (the last tile's MMAs were
-            # waited); the last, partial tile's V rows past the split's end as zeros
-            if n0 + BLOCK_N > end:
-                _f8_to_f16(kv_smem.index(st), kv16, end - n0, BLOCK_N, DV, num_warps, True)
-            else:
-                _f8_to_f16(kv_smem.index(st), kv16, BLOCK_N, BLOCK_N, DV, num_warps, False)
-            _f8_to_f16(pe_smem.index(st), pe16, BLOCK_N, BLOCK_N, DPE, num_warps, False)
-            fence_async_shared()
-            gl.thread_barrier()
-        elif n0 + BLOCK_N > end:  # the last, partial tile: zero V's rows past the split's end
-            rows_z = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zero_l))
-            keep_z = (rows_z < end - n0)[:, None]
-            for c in gl.static_range(DV // 64):
-                part = kv.slice(c * 64, 64, dim=1)
-                part.store(gl.where(keep_z, part.load(zero_l), 0.0))
-            fence_async_shared()
-            gl.thread_barrier()
-        s = warpgroup_mma(qpe_mma, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_mma, kv.permute((1, 0)), s, is_async=True)
-        # the other stage's MMAs were waited last tile: refill it now, while the score
-        # MMA runs (the copies' barriers wait on no id load: those came a tile ahead),
-        gl.thread_barrier()  # once both warpgroups are past them
-        _copy_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, r0, r1, r2, r3,
-                   i + 1 < n_tiles, 1 - st, BLOCK_N, PAGE)
-        r0, r1, r2, r3, bits_after = _tile_ids(bt_row, n0 + 2 * BLOCK_N, end,
-                                               i + 2 < n_tiles, num_pages, oob_row,
-                                               BLOCK_N, PAGE)
-        # waits this warpgroup's score MMA (its PV MMA was waited last tile)
-        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-
-        if (bits == ALL_PAGES) & (n0 + BLOCK_N <= clean_end):  # (uniform) nothing masked
-            s = s * qk_scale
-        else:  # a token is seen when its page was read (the bits kept from the tile's
-            # copies: no page id reloaded here) and it is before its row's end
-            page_ok = (bits & page_bit) != 0
-            if QLEN > 1:  # a row's end is within the split's
-                visible = ((n0 + offs_t)[None, :] < row_end[:, None]) & page_ok
-            else:
-                visible = (offs_t < end - n0)[None, :] & page_ok
-            s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_2d = l_2d * alpha[:, None] + p
-        m_i = m_new
-        p_smem.store(p.to(DOT))
-        fence_async_shared()
-        gl.thread_barrier()  # every warp's P is in shared memory before the MMA reads it
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        acc = warpgroup_mma(p_smem, kv, acc, is_async=True)
-        # an accumulator in flight across the back edge makes ptxas serialize the wgmmas
-        # (C7515, or C7514 when waited after the next score MMA); waiting here keeps each
-        # chain pipelined
-        acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
-        bits = bits_next
-        bits_next = bits_after
-
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.invalidate(ready.index(0))
-    mbarrier.invalidate(ready.index(1))
+    gl.warp_specialize([
+        (_consumer, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, empty,
+                     q_bar, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row,
+                     qk_scale, KS, VS, PO, PL, b, split, pid_h, heads, stride_pob,
+                     stride_poh, stride_pos, stride_plb, stride_plh, BLOCK_H, BLOCK_N, PAGE,
+                     DV, QLEN, KV_FP8, KV_SCALED, num_warps)),
+        (_producer, (kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
+                     n_tiles, num_pages, oob_row, BLOCK_N, PAGE)),
+    ], [1], [32])  # COPY_WARP_REGS
     mbarrier.invalidate(q_bar)
-
-    l_i = gl.sum(l_2d, 1)
-    l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-    if KV_SCALED:  # the dequantized latent (as V) = stored * v_scale
-        out = acc * gl.convert_layout(gl.load(VS) / l_safe, row_o)[:, None]
-    else:
-        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    # row r (token r // heads, head r % heads) goes to partial row head * QLEN + token
-    rows_o = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
-    prow_o = rows_o
-    if QLEN > 1:
-        prow_o = (rows_o % heads) * QLEN + rows_o // heads
-    cols_o = gl.arange(0, DV, layout=col_o)
-    po = (PO + b * stride_pob + split * stride_pos + prow_o[:, None] * stride_poh
-          + cols_o[None, :])
-    gl.store(po, out, mask=has_work & (rows_o < QLEN * heads)[:, None]
-             & (cols_o[None, :] < DV))
-    rows_s = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
-    prow_s = rows_s
-    if QLEN > 1:
-        prow_s = (rows_s % heads) * QLEN + rows_s // heads
-    gl.store(PL + b * stride_plb + prow_s * stride_plh + split, m_i + gl.log2(l_safe),
-             mask=has_work & (rows_s < QLEN * heads))
+    for j in gl.static_range(2):
+        mbarrier.invalidate(ready.index(j))
+        mbarrier.invalidate(empty.index(j))
 
 
 def _smem_layout():

@@ -46,9 +46,13 @@ MIN_TILES_PER_SPLIT: tuple[tuple[int, int], ...] = (
     (8192, 4),        # short contexts: latency dominates, split finely to fill the device
     (1 << 30, 16),    # long contexts: fewer, longer splits amortize the per-split cost
 )
-#: the same for fp8 caches, whose tiles cost half the bytes: long contexts split twice as
-#: finely (session 12: b1 x 32k 21 vs 26 us at 32 vs 16 splits at D=64, 30 vs 37 at D=128)
+#: the same for tiles of half the bytes (fp8 caches; bf16 rows of at most
+#: FINE_SPLIT_MAX_ROW_BYTES): long contexts split twice as finely (session 12: fp8 b1 x 32k
+#: 21 vs 26 us at 32 vs 16 splits at D=64, 30 vs 37 at D=128; bf16 D=64 b1 x 32k 24.0 vs
+#: 24.9 us at 32 vs 16 splits, and 24.2-24.9 vs 26.0-27.9 in sessions 14, 18, 20 and 21)
 MIN_TILES_PER_SPLIT_FP8: tuple[tuple[int, int], ...] = ((8192, 4), (1 << 30, 8))
+#: a K row of at most this many bytes (bf16 or fp16 at head dim 64) takes the finer ladder
+FINE_SPLIT_MAX_ROW_BYTES = 128
 #: Absorbed MLA (latent keys) fills whole waves of resident programs instead: programs
 #: = floor(slots / base) * base, slots = SMs x resident programs per SM (2 for the 32-token
 #: 12-16-head tile, 1 for 64-head blocks). H200 v3 (docs/decode_notes.md): deepseek TP8
@@ -65,11 +69,20 @@ LATENT_PROGRAMS_PER_SM_WIDE = 1
 #: (merged) 2,716 vs 2,962 at 1; below it one wave stays best (b8 x 16,384 x 2 tokens: 16
 #: splits, 1.14x slower at 32; 128 heads b32 x 8,192: 2 splits, 1.06x slower at 4).
 LATENT_WIDE_TWO_WAVES_MIN_TOKENS = 8192
+#: ... and when the one wave already gives each request at least this many splits (session
+#: 22's tune, the Gluon tile with its copy warp: 128 heads b32 x 32,768 / 65,536 at the one
+#: wave's 2 splits 1.017-1.037x faster than two waves' 4, bf16 and fp8; 16 heads x 2
+#: tokens b32 x 393,216 (one wave: 4) and 12-16 heads x 2 tokens b8 x 393,216 (16) keep
+#: their two waves: within 1% at b32, 0.93-1.05x at b8)
+LATENT_WIDE_TWO_WAVES_MIN_SPLITS = 4
 #: ... and at contexts of at least this many tokens it splits at least in two (merged by
 #: the last program where the tile merges), unless its grid is this many waves unsplit:
 #: the second split evens out the last wave of a large batch (same tune: 128 heads b128 x
 #: 16,384 at 2 splits 1,337 vs 1,413 us unsplit (bf16, Gluon; 3 splits 1,329); fp8 x 2
 #: tokens b128 x 65,536 at 2 splits merged 21,361 vs 23,509 unsplit, a 3.9-wave grid).
+#: bf16 only since session 22's tune (the Gluon tile with its copy warp): fp8 latents run
+#: unsplit there within 2% of the best at every 128-head key, and 1.01-1.05x faster than
+#: 2 splits at two tokens b32 (8,192-65,536) and b128 x 65,536.
 LATENT_WIDE_MIN_SPLIT_CONTEXT = 8192
 LATENT_WIDE_MIN_SPLIT_MAX_WAVES = 4
 #: minimum tokens per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles
@@ -436,7 +449,7 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
     # every latent tile compiled), two 4-warp blocks
     wide = key.latent and (block_h >= 64 or num_warps >= 8)
     least = 1
-    if (wide and key.context >= LATENT_WIDE_MIN_SPLIT_CONTEXT
+    if (wide and not is_fp8(key.kv_dtype) and key.context >= LATENT_WIDE_MIN_SPLIT_CONTEXT
             and base < LATENT_WIDE_MIN_SPLIT_MAX_WAVES * key.cu_count):
         least = 2
     if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
@@ -445,13 +458,14 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
         per_sm = LATENT_PROGRAMS_PER_SM_WIDE if wide else LATENT_PROGRAMS_PER_SM
         splits = max(least, per_sm * key.cu_count // base)
         two_waves = max(1, 2 * per_sm * key.cu_count // base)
-        if (wide and two_waves > splits
+        if (wide and two_waves > splits >= LATENT_WIDE_TWO_WAVES_MIN_SPLITS
                 and key.context // two_waves >= LATENT_WIDE_TWO_WAVES_MIN_TOKENS):
             splits = two_waves
         min_tokens = LATENT_MIN_TOKENS_PER_SPLIT
     else:
-        tiles = ladder(MIN_TILES_PER_SPLIT_FP8 if is_fp8(key.kv_dtype) else MIN_TILES_PER_SPLIT,
-                       key.context)
+        fine = (is_fp8(key.kv_dtype)
+                or itemsize(key.kv_dtype) * p2(key.head_dim) <= FINE_SPLIT_MAX_ROW_BYTES)
+        tiles = ladder(MIN_TILES_PER_SPLIT_FP8 if fine else MIN_TILES_PER_SPLIT, key.context)
         if one_per_sm(key, block_n, num_stages):
             splits = max(1, key.cu_count // base)  # whole waves: no partial wave
         else:
