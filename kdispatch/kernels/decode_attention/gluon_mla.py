@@ -50,12 +50,13 @@ with zeros without reading memory (the mbarrier still counts the box's bytes), a
 tokens' scores are -inf (per token: bit ``t // PAGE`` of the tile's validity bits, which
 the consumers take from the tile's ids (``_tile_ids``, loaded a tile ahead, as the copy
 warp loads them for its copies); a tile whose pages were all read and that ends before
-every row's end scales its scores with no mask, a uniform branch). Rows of the last (partial) tile
-past the split's end are zeroed in shared memory before the PV MMA (a stale row must not
-turn ``0 * NaN`` into a NaN). The split of a request's tokens and the partials layout
-(``[B, QLEN * H, splits, 512]`` fp32 partial outputs and ``[B, QLEN * H, splits]``
-log2-sum-exp, row ``head * QLEN + token``) are those of the Triton stage 1 with
-``BLOCK_N = 64``, so the existing :func:`_decode_reduce` (with ``QLEN``) merges them.
+every row's end scales its scores with no mask, a uniform branch). Rows of the last
+(partial) tile past the split's end are zeroed in shared memory before the PV MMA (a
+stale row must not turn ``0 * NaN`` into a NaN). The split of a request's tokens and the
+partials layout (``[B, QLEN * H, splits, 512]`` fp32 partial outputs and
+``[B, QLEN * H, splits]`` log2-sum-exp, row ``head * QLEN + token``) are those of the
+Triton stage 1 with ``BLOCK_N = 64``, so the existing :func:`_decode_reduce` (with
+``QLEN``) merges them.
 """
 
 from __future__ import annotations

@@ -70,10 +70,10 @@ LATENT_PROGRAMS_PER_SM_WIDE = 1
 #: splits, 1.14x slower at 32; 128 heads b32 x 8,192: 2 splits, 1.06x slower at 4).
 LATENT_WIDE_TWO_WAVES_MIN_TOKENS = 8192
 #: ... and when the one wave already gives each request at least this many splits (session
-#: 22's tune, the Gluon tile with its copy warp: 128 heads b32 x 32,768 / 65,536 at the one
-#: wave's 2 splits 1.017-1.037x faster than two waves' 4, bf16 and fp8; 16 heads x 2
-#: tokens b32 x 393,216 (one wave: 4) and 12-16 heads x 2 tokens b8 x 393,216 (16) keep
-#: their two waves: within 1% at b32, 0.93-1.05x at b8)
+#: 22's tune, the Gluon tile with its copy warp: 128 heads b32 x 32,768 / 65,536 best at
+#: the one wave's 2 splits, the two waves' 4 at 1.017-1.037x their time, bf16 and fp8; 16
+#: heads x 2 tokens b32 x 393,216 (one wave: 4) and 12-16 heads x 2 tokens b8 x 393,216
+#: (16) keep their two waves: within 1% of the one wave at b32, 0.93-1.03x at b8)
 LATENT_WIDE_TWO_WAVES_MIN_SPLITS = 4
 #: ... and at contexts of at least this many tokens it splits at least in two (merged by
 #: the last program where the tile merges), unless its grid is this many waves unsplit:
