@@ -75,10 +75,13 @@ def wgmma_serialized(log: str) -> bool:
     return "wgmma.mma_async instructions are serialized" in " ".join(log.split())
 
 
+#: a ``USETMAXREG`` instruction of a disassembly and the register limit it sets (hex)
+SETMAXREG = re.compile(r"USETMAXREG\.\S+ (?:UP\d+, )?0x([0-9a-f]+)")
+
+
 def register_limits(sass: str) -> list[int]:
     """The register limits the disassembly's ``USETMAXREG`` instructions set, sorted."""
-    return sorted({int(m, 16) for m in re.findall(r"USETMAXREG\.\S+ (?:UP\d+, )?0x([0-9a-f]+)",
-                                                  sass)})
+    return sorted({int(m, 16) for m in SETMAXREG.findall(sass)})
 
 
 def spill_stores_by_limit(sass: str, launch_limit: int) -> dict[int, int]:
@@ -86,7 +89,7 @@ def spill_stores_by_limit(sass: str, launch_limit: int) -> dict[int, int]:
     lies: the last ``USETMAXREG`` before it, else ``launch_limit``."""
     limit, out = launch_limit, {}
     for line in sass.splitlines():
-        m = re.search(r"USETMAXREG\.\S+ (?:UP\d+, )?0x([0-9a-f]+)", line)
+        m = SETMAXREG.search(line)
         if m:
             limit = int(m.group(1), 16)
         elif re.search(r"\bSTL(\.\S+)? \[", line):

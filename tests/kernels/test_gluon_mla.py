@@ -20,6 +20,32 @@ from kdispatch.kernels.decode_attention.checks import q_dims
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _tool_env() -> dict:
+    """The environment the compile tool runs in: no interpreter, the checkout importable."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _compile_reports(*args: str) -> list[dict]:
+    """tools/gluon_mla_compile.py's JSON reports for ``args`` (it must exit 0)."""
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"), *args],
+                         check=False, capture_output=True, text=True, env=_tool_env(),
+                         timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+
+
+def _tool_json(code: str, stdin: str):
+    """The last JSON line ``code`` prints with the tool module imported as ``g`` (run in a
+    subprocess: importing the tool here would clear TRITON_INTERPRET for the worker)."""
+    code = "import json, sys; sys.path.insert(0, 'tools'); import gluon_mla_compile as g; " + code
+    res = subprocess.run([sys.executable, "-c", code], input=stdin, check=False,
+                         capture_output=True, text=True, env=_tool_env(), cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def _inputs(b=2, h=64, pages=3, nb=8, page=64):
     q = torch.zeros(b, h, 576, dtype=torch.bfloat16)
     kv = torch.zeros(nb, page, 1, 576, dtype=torch.bfloat16)
@@ -92,13 +118,7 @@ def test_rows_of_several_tokens_are_one_view_in_request_token_head_order():
 
 
 def test_compiles_for_sm90a_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"),
-                          "--splits", "2", "--rows", "128x1,16x2,12x2"], check=False,
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    reps = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    reps = _compile_reports("--splits", "2", "--rows", "128x1,16x2,12x2")
     assert len(reps) == 3
     for rep in reps:
         assert rep["spill_store_bytes"] == 0 and rep["shared_bytes"] <= 227 * 1024, rep
@@ -121,15 +141,9 @@ def test_the_compile_tool_attributes_spills_to_the_partition_that_makes_them():
         "        /*3000*/                   STL.128 [R1+0x20], R8 ;",
         "        /*3010*/                   STL.64 [R1+0x30], R4 ;",
     ])
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    code = ("import json, sys; sys.path.insert(0, 'tools'); import gluon_mla_compile as g; "
-            "t = sys.stdin.read(); print(json.dumps([g.spill_stores_by_limit(t, 168), "
-            "g.register_limits(t)]))")
-    res = subprocess.run([sys.executable, "-c", code], input=sass, check=False,
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert res.returncode == 0, res.stderr
-    by_limit, limits = json.loads(res.stdout.strip().splitlines()[-1])
+    by_limit, limits = _tool_json("t = sys.stdin.read(); print(json.dumps("
+                                  "[g.spill_stores_by_limit(t, 168), g.register_limits(t)]))",
+                                  sass)
     assert by_limit == {"168": 1, "32": 1, "240": 2} and limits == [24, 32, 240]
 
 
@@ -147,15 +161,9 @@ def test_the_compile_tool_flags_every_kind_of_serialized_wgmma():
         "wgmma between start and end of the pipeline stage in the function 'k'": True,
         "ptxas info    : Used 226 registers, used 1 barriers": False,
     }
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    code = ("import json, sys; sys.path.insert(0, 'tools'); import gluon_mla_compile as g; "
-            "print(json.dumps([g.wgmma_serialized(x) for x in json.load(sys.stdin)]))")
-    res = subprocess.run([sys.executable, "-c", code], input=json.dumps(list(logs)),
-                         check=False, capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == list(logs.values())
+    got = _tool_json("print(json.dumps([g.wgmma_serialized(x) for x in json.load(sys.stdin)]))",
+                     json.dumps(list(logs)))
+    assert got == list(logs.values())
 
 
 def test_compiles_at_pages_16_and_32_without_warpgroup_spills():
@@ -164,13 +172,7 @@ def test_compiles_at_pages_16_and_32_without_warpgroup_spills():
     spills 32 B at 16-token pages in bf16 (four 64-bit values: it waits on mbarriers
     between its copies; the same loop with each page's id loaded at its copy spills none
     but ran 1.029x the time, session 22: docs/decode_notes.md v22)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"),
-                          "--splits", "2", "--rows", "128x1,16x2,16x1", "--page", "16,32"],
-                         check=False, capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    reps = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    reps = _compile_reports("--splits", "2", "--rows", "128x1,16x2,16x1", "--page", "16,32")
     assert sorted({(r["page"], r["heads"], r["qlen"]) for r in reps}) == [
         (16, 16, 1), (16, 16, 2), (16, 128, 1), (32, 16, 1), (32, 16, 2), (32, 128, 1)]
     for rep in reps:
@@ -185,14 +187,8 @@ def test_the_fp8_latent_variant_compiles_without_spills():
     (two fp8 ring stages and one fp16 tile where bf16 has two bf16 stages). Loading 16
     bytes a thread for the conversion compiled to 255 registers with 8-20 B of spills;
     8 bytes: 231-240 registers, none."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_mla_compile.py"),
-                          "--splits", "2", "--rows", "128x1,16x2", "--page", "64,16",
-                          "--kv", "fp8"], check=False, capture_output=True, text=True,
-                         env=env, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    reps = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    reps = _compile_reports("--splits", "2", "--rows", "128x1,16x2", "--page", "64,16",
+                            "--kv", "fp8")
     assert sorted((r["kv"], r["page"], r["heads"]) for r in reps) == [
         ("fp8", 16, 16), ("fp8", 16, 128), ("fp8", 64, 16), ("fp8", 64, 128)]
     for rep in reps:
