@@ -25,8 +25,8 @@ from kdispatch import dispatcher as _dispatch
 from kdispatch.device import Device
 from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
-from kdispatch.kernels.decode_attention.gluon_mla import (MAXNREG, _gluon_mla_stage1,
-                                                          gluon_call, stage1_launch_args)
+from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, gluon_call,
+                                                          launch_options, stage1_launch_args)
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
 from kdispatch.kernels.decode_attention.spec import grid_splits, resident_per_sm, tile_smem
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
@@ -177,7 +177,7 @@ def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
                         PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n),
                         GRID_SPLITS=g, KV_FP8=kv_fp8, KV_SCALED=scaled),
-        options={"num_warps": int(config.num_warps), "maxnreg": MAXNREG},
+        options=launch_options(kv_fp8, page),
         **_reduce_plan(config, b, hq, dv, q_len, False, False, g),
         out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
         partials_shape=(b, hq * q_len, g, dv), counters_shape=None, log2e_scale=LOG2E,

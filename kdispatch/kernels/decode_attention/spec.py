@@ -75,6 +75,11 @@ LATENT_WIDE_TWO_WAVES_MIN_TOKENS = 8192
 #: heads x 2 tokens b32 x 393,216 (one wave: 4) and 12-16 heads x 2 tokens b8 x 393,216
 #: (16) keep their two waves: within 1% of the one wave at b32, 0.93-1.03x at b8)
 LATENT_WIDE_TWO_WAVES_MIN_SPLITS = 4
+#: ... but 2 for the Gluon tile's seesaw (bf16 latents in 64-token pages, session 23): its
+#: tune has 128 heads b32 x 32,768 / 65,536 best at the two waves' 4 splits, the one
+#: wave's 2 at 1.024x / 1.031x their time (b32 x 16,384 keeps one wave: 4,096 tokens a
+#: split)
+SEESAW_TWO_WAVES_MIN_SPLITS = 2
 #: ... and at contexts of at least this many tokens it splits at least in two (merged by
 #: the last program where the tile merges), unless its grid is this many waves unsplit:
 #: the second split evens out the last wave of a large batch (same tune: 128 heads b128 x
@@ -458,7 +463,9 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
         per_sm = LATENT_PROGRAMS_PER_SM_WIDE if wide else LATENT_PROGRAMS_PER_SM
         splits = max(least, per_sm * key.cu_count // base)
         two_waves = max(1, 2 * per_sm * key.cu_count // base)
-        if (wide and two_waves > splits >= LATENT_WIDE_TWO_WAVES_MIN_SPLITS
+        least_two = (SEESAW_TWO_WAVES_MIN_SPLITS if seesaw_key(key)
+                     else LATENT_WIDE_TWO_WAVES_MIN_SPLITS)
+        if (wide and two_waves > splits >= least_two
                 and key.context // two_waves >= LATENT_WIDE_TWO_WAVES_MIN_TOKENS):
             splits = two_waves
         min_tokens = LATENT_MIN_TOKENS_PER_SPLIT
@@ -530,6 +537,13 @@ def gluon_fits(key: DecodeKey) -> bool:
             and key.page_size in GLUON_PAGE_SIZES and key.dtype == "bfloat16"
             and key.kv_dtype in GLUON_KV_DTYPES and key.rows >= GLUON_MIN_ROWS
             and not key.sliding)
+
+
+def seesaw_key(key: DecodeKey) -> bool:
+    """Whether the Gluon stage 1 runs ``key`` as its seesaw (a bf16 latent in pages of its
+    64-token tile; ``gluon_mla.seesaw``)."""
+    return (gluon_fits(key) and key.kv_dtype == "bfloat16"
+            and key.page_size == GLUON_TILE_TOKENS)
 
 
 def gluon_config(splits: int) -> DecodeConfig:
