@@ -234,3 +234,21 @@ def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_
     out = launch_decode_attention(cfg, q, k, v, bt, sl, scale=576 ** -0.5)
     ref = reference_decode_attention(q, k, v, bt, sl, scale=576 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_the_seesaw_rule_is_the_same_for_keys_and_calls():
+    """The heuristic's reading of a key (spec.seesaw_key: its split rule) and the launch's
+    reading of a call (gluon_mla.seesaw: the kernel form, its warps) agree: the seesaw for
+    bf16 latents in 64-token pages, both warpgroups on each tile otherwise."""
+    from kdispatch.kernels.decode_attention import gluon_mla as G
+
+    seen = set()
+    for page in spec.GLUON_PAGE_SIZES:
+        for kv in spec.GLUON_KV_DTYPES:
+            key = _key(page_size=page, kv_dtype=kv)
+            assert spec.gluon_fits(key)
+            got, fp8 = spec.seesaw_key(key), kv == "float8_e4m3fn"
+            assert got == G.seesaw(fp8, page), (page, kv)
+            assert G.launch_options(fp8, page)["num_warps"] == (4 if got else 8)
+            seen.add((page, kv, got))
+    assert {(p, kv) for p, kv, s in seen if s} == {(64, "bfloat16")}
