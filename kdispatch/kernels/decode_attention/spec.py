@@ -90,6 +90,11 @@ SEESAW_TWO_WAVES_MIN_SPLITS = 2
 #: 2 splits at two tokens b32 (8,192-65,536) and b128 x 65,536.
 LATENT_WIDE_MIN_SPLIT_CONTEXT = 8192
 LATENT_WIDE_MIN_SPLIT_MAX_WAVES = 4
+#: ... from 16k tokens on for the seesaw (session 23's tune, 128 heads in 64-token pages:
+#: at 8,192 tokens unsplit 0.95x the time of 2 splits at two tokens b32, 0.99x at one
+#: token b128, 1.002x at two tokens b128; at 16,384 2 splits best at every b32 and b128
+#: key, one token and two)
+SEESAW_MIN_SPLIT_CONTEXT = 16384
 #: minimum tokens per split for latent keys: kimi b1 x 65,536 at 132 splits (15.5 tiles
 #: of 32) 39.6 us vs 44.8 us at 264 (7.8 tiles), H200 v3; in tokens, not tiles, since the
 #: session 9 tune: the fp8 two-token 64-token tile there is best at 128 splits (8 tiles,
@@ -454,7 +459,9 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
     # every latent tile compiled), two 4-warp blocks
     wide = key.latent and (block_h >= 64 or num_warps >= 8)
     least = 1
-    if (wide and not is_fp8(key.kv_dtype) and key.context >= LATENT_WIDE_MIN_SPLIT_CONTEXT
+    seesaw = seesaw_key(key)
+    min_split = SEESAW_MIN_SPLIT_CONTEXT if seesaw else LATENT_WIDE_MIN_SPLIT_CONTEXT
+    if (wide and not is_fp8(key.kv_dtype) and key.context >= min_split
             and base < LATENT_WIDE_MIN_SPLIT_MAX_WAVES * key.cu_count):
         least = 2
     if not key.batch_invariant and base >= SPLIT_OFF_WAVES * key.cu_count:
@@ -463,7 +470,7 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
         per_sm = LATENT_PROGRAMS_PER_SM_WIDE if wide else LATENT_PROGRAMS_PER_SM
         splits = max(least, per_sm * key.cu_count // base)
         two_waves = max(1, 2 * per_sm * key.cu_count // base)
-        least_two = (SEESAW_TWO_WAVES_MIN_SPLITS if seesaw_key(key)
+        least_two = (SEESAW_TWO_WAVES_MIN_SPLITS if seesaw
                      else LATENT_WIDE_TWO_WAVES_MIN_SPLITS)
         if (wide and two_waves > splits >= least_two
                 and key.context // two_waves >= LATENT_WIDE_TWO_WAVES_MIN_TOKENS):
