@@ -1,7 +1,8 @@
 """The Gluon MLA stage 1 on the CPU: it imports without a GPU, its TMA descriptors and launch
-arguments cover the rows, and it compiles for sm_90a with no spills in its two warpgroups
-inside the shared-memory limit (Gluon has no interpreter: its numbers are checked on the
-GPU by tools/gluon_mla_check.py, through the dispatcher's launch path)."""
+arguments cover the rows, and it compiles for sm_90a inside the shared-memory limit with no
+spills in its two warpgroups (the seesaw's: within tools/gluon_mla_compile.py's budget)
+(Gluon has no interpreter: its numbers are checked on the GPU by tools/gluon_mla_check.py,
+through the dispatcher's launch path)."""
 
 from __future__ import annotations
 
