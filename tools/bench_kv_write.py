@@ -24,6 +24,7 @@ Usage::
     python tools/bench_kv_write.py                 # the protocol above
     python tools/bench_kv_write.py --sweep         # plus a timed sweep of fused configs
     python tools/bench_kv_write.py --kv fp8        # fp8 caches only
+    python tools/bench_kv_write.py --kv bf16,fp8,fp8-unscaled   # + fp8 without scales
     TRITON_INTERPRET=1 python tools/bench_kv_write.py --smoke   # tiny CPU run of the code
 """
 
@@ -70,8 +71,8 @@ class Shape:
         self.bulk_sets = 2 if smoke else 4  # rotate: 4 x 256 MB moved >> 60 MB L2
         self.copy_bytes = 1 << 20 if smoke else 2 << 30
         self.dtype = torch.bfloat16
-        self.kv = kv  # "bf16" or "fp8"
-        self.cache_dtype = FP8 if kv == "fp8" else torch.bfloat16
+        self.kv = kv  # "bf16", "fp8" or "fp8-unscaled" (no scales: the conversion alone)
+        self.cache_dtype = FP8 if kv.startswith("fp8") else torch.bfloat16
 
 
 # -- timing -----------------------------------------------------------------------------------
@@ -159,7 +160,8 @@ class Step:
         self.slot_mapping = torch.randperm(pages * sh.page, generator=gen,
                                            device=device)[:tokens].contiguous()
         self.scales = {}
-        if kc.dtype == FP8:  # a layer's own scales, as an engine keeps them
+        self.unit = torch.ones(1, device=device) if kc.dtype == FP8 else None
+        if sh.kv == "fp8":  # a layer's own scales, as an engine keeps them
             self.scales = {"k_scale": torch.full((1,), 0.01, device=device),
                            "v_scale": torch.full((1,), 0.02, device=device)}
 
@@ -170,9 +172,9 @@ class Step:
 
     def stored(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """What the cache should hold for rows ``x`` (quantized into an fp8 cache)."""
-        if not self.scales:
+        if self.unit is None:
             return x
-        return quantize_fp8(x, self.scales[name], FP8)
+        return quantize_fp8(x, self.scales.get(name, self.unit), FP8)
 
 
 def check_steps(steps: list[Step], replay: Callable[[], None], gen: torch.Generator,
@@ -288,7 +290,7 @@ def bench_bulk(sh: Shape, gen, device, args, copy_gbps: float) -> dict[str, Any]
 
 def sweep_configs(key, tokens: int) -> list[KVWriteConfig]:
     if tokens == 1:
-        allowed = {"block_h": (2, 4, 8, 16), "block_t": (1,), "num_warps": (1, 2, 4)}
+        allowed = {"block_h": (1, 2, 4, 8, 16), "block_t": (1,), "num_warps": (1, 2, 4, 8)}
     elif tokens <= 64:
         allowed = {"block_h": (4, 8, 16), "block_t": (1, 2), "num_warps": (2, 4)}
     else:
@@ -317,7 +319,7 @@ def run_sweep(sh, pools, bulk_steps, gen, device, args) -> list[dict[str, Any]]:
             rows.append(m)
         ok = [r for r in rows if r["correct"]]
         best = min(ok, key=lambda r: r["median_us"]) if ok else None
-        out.append({"tokens": tokens, "writes": len(steps), "tried": len(rows),
+        out.append({"kv": sh.kv, "tokens": tokens, "writes": len(steps), "tried": len(rows),
                     "heuristic": heur.model_dump(mode="json"),
                     "best": best, "incorrect": [r for r in rows if not r["correct"]],
                     "all": rows})
@@ -341,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep-budget", type=float, default=60.0, help="seconds for --sweep")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter ok)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv", default="bf16,fp8", help="cache dtypes: bf16, fp8 or both")
+    p.add_argument("--kv", default="bf16,fp8",
+                   help="cache dtypes, comma-separated: bf16, fp8, fp8-unscaled (an fp8 cache "
+                        "without scales: the conversion without the division)")
     args = p.parse_args(argv)
 
     out_path = Path(args.out) if args.out else (
@@ -380,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         res["ouro"] += [bench_ouro(sh, t, pools, gen, device, args) for t in sh.tokens]
         bulk, bulk_steps = bench_bulk(sh, gen, device, args, copy_gbps)
         res["bulk"].append(bulk)
-        if args.sweep and "sweep" not in res:
-            res["sweep"] = run_sweep(sh, pools, bulk_steps, gen, device, args)
+        if args.sweep:  # each cache dtype's sweep
+            res.setdefault("sweep", []).extend(
+                run_sweep(sh, pools, bulk_steps, gen, device, args))
         del pools, bulk_steps
     res["wall_s"] = time.monotonic() - t_start
 
@@ -396,8 +401,14 @@ def main(argv: list[str] | None = None) -> int:
         for s in res["sweep"]:
             b = s["best"]
             best = (f"{b['median_us_per_write']:.3f} us {b['config']}" if b else "none")
-            print(f"sweep T={s['tokens']}: tried {s['tried']}, best {best}; heuristic "
-                  f"{s['heuristic']}")
+            print(f"sweep {s['kv']} T={s['tokens']}: tried {s['tried']}, best {best}; "
+                  f"heuristic {s['heuristic']}")
+        best = {(s["kv"], s["tokens"]): s for s in res["sweep"] if s["best"]}
+        for (kv, t), s in best.items():
+            twin = best.get(("bf16", t))
+            if kv != "bf16" and twin:
+                print(f"{kv} / bf16 swept bests, {s['writes']} writes of {t} token(s): "
+                      f"{s['best']['median_us'] / twin['best']['median_us']:.3f}x")
     print(f"{'kv':>4} {'tokens':>7} | {'indexed us/step [p20-p80]':>27} | "
           f"{'fused us/step [p20-p80]':>25} | speedup | {'fused without pdl':>25}")
     for r in res["ouro"]:
@@ -420,9 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     bf16 = {r["tokens"]: r for r in res["ouro"] if r["kv"] == "bf16"}
     for r in res["ouro"]:
         twin = bf16.get(r["tokens"])
-        if r["kv"] == "fp8" and twin and r["fused"]["correct"] and twin["fused"]["correct"]:
+        if r["kv"] != "bf16" and twin and r["fused"]["correct"] and twin["fused"]["correct"]:
             ratio = r["fused"]["median_us"] / twin["fused"]["median_us"]
-            print(f"fp8 / bf16 fused writer, {r['layer_steps']} writes of {r['tokens']} "
+            print(f"{r['kv']} / bf16 fused writer, {r['layer_steps']} writes of {r['tokens']} "
                   f"token(s): {ratio:.3f}x")
     return 0 if ok else 1
 

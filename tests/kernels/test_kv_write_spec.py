@@ -286,6 +286,32 @@ def test_heuristic_ladders_move():
     assert SPEC.heuristic(mkkey(head_dim=256, num_kv_heads=64, tokens=128)).num_warps == 4
 
 
+def test_fp8_threads_may_hold_two_values_and_one_token_writes_take_two():
+    """An fp8 cache's writer may run 2 values a thread (each value is a division), a bf16
+    one no fewer than 4; the heuristic gives one-token fp8 writes 256-value programs at 2 a
+    thread."""
+    fp8 = mkkey(tokens=1, kv_dtype="float8_e4m3fn")
+    bf16 = mkkey(tokens=1)
+    eight = KVWriteConfig(block_h=4, num_warps=8)  # 512 values over 256 threads
+    assert SPEC.is_valid(fp8, eight) and not SPEC.is_valid(bf16, eight)
+    assert not SPEC.is_valid(fp8, KVWriteConfig(block_h=2, num_warps=8))  # 1 a thread
+    assert eight.model_copy(update={"pdl": True}) in list(SPEC.tuning.candidates(fp8))
+    def hw(**kw):
+        c = SPEC.heuristic(mkkey(tokens=1, kv_dtype="float8_e4m3fn", **kw))
+        return c.block_h, c.block_t, c.num_warps
+    assert hw() == (2, 1, 4)  # 256 values over 128 threads (the tune's best, session 25)
+    assert hw(head_dim=64, num_kv_heads=8) == (4, 1, 4)
+    assert hw(head_dim=256, num_kv_heads=8) == (1, 1, 4)
+    assert hw(head_dim=576, num_kv_heads=1) == (1, 1, 8)  # 1024 padded values: 4 a thread
+    assert hw(head_dim=16, num_kv_heads=1) == (1, 1, 1)
+    assert (SPEC.heuristic(bf16).block_h, SPEC.heuristic(bf16).num_warps) == (4, 4)
+    assert all(SPEC.is_valid(mkkey(tokens=1, kv_dtype="float8_e4m3fn", **kw),
+                             SPEC.heuristic(mkkey(tokens=1, kv_dtype="float8_e4m3fn", **kw)))
+               for kw in ({}, {"head_dim": 576, "num_kv_heads": 1},
+                          {"head_dim": 16, "num_kv_heads": 1}))
+    assert SPEC.heuristic(mkkey(tokens=8, kv_dtype="float8_e4m3fn")).num_warps == 2
+
+
 def test_a_decode_step_over_many_heads_takes_programs_of_several_rows():
     """2-64 tokens over more than 16 heads (the 55 x 96 preset's measured bests)."""
     def hw(**kw):
@@ -293,7 +319,7 @@ def test_a_decode_step_over_many_heads_takes_programs_of_several_rows():
         return c.block_h, c.block_t, c.num_warps
     assert hw(tokens=8) == (2, 4, 4) and hw(tokens=64) == (2, 4, 4)
     assert hw(tokens=8, kv_dtype="float8_e4m3fn") == (1, 4, 4)
-    assert hw(tokens=64, kv_dtype="float8_e4m3fn") == (4, 4, 4)
+    assert hw(tokens=64, kv_dtype="float8_e4m3fn") == (1, 4, 1)  # session 25's best
     assert hw(tokens=2) == (4, 2, 4)
     assert hw(tokens=1)[1] == 1 and hw(tokens=128)[1] == 1  # one token, bulk: as before
     assert SPEC.heuristic(mkkey(num_kv_heads=16, tokens=8)).block_t == 1  # 16 heads: as before

@@ -27,39 +27,76 @@ def _fp8_e4m3fn_bits(x):
 
 @triton.jit
 def _div_by(y, scale, inv):
-    """``y / scale`` rounded as IEEE fp32 division, from ``inv = RN(1 / scale)``: the product
-    ``q0 = RN(y * inv)`` is within an ulp of the quotient and one residual correction
-    ``RN(q0 + RN(y - q0 * scale) * inv)`` (both fused) rounds it correctly (Markstein), with
-    no per-value division and its range-check branches. Where the residual would
-    underflow (``|y|`` below ~2^-100) the result may differ in its last fp32 bit, in a
-    quotient no fp8 value can show (it rounds to +-0 alike); at or beyond 512 the quotient
-    saturates either way and ``q0`` is kept (the residual could overflow there). Checked
-    against the division for every finite bf16 and fp16 value and for quotients beside
-    every fp8 rounding midpoint (``tools/check_fp8_division.py``)."""
-    q0 = y * inv
-    e = tl.fma(-q0, scale, y)
-    q = tl.where(e == 0.0, q0, tl.fma(e, inv, q0))  # e == 0: q0 is exact (and keeps -0)
-    return tl.where(tl.abs(q0) < 512.0, q, q0)
+    """``y / scale`` rounded as IEEE fp32 division where it is below 512 in magnitude (and
+    at least 512 beyond), from ``inv = RN(1 / scale)``: the product ``q0 = RN(y * inv)`` is
+    within an ulp of the quotient and one residual correction ``RN(q0 + RN(y - q0 * scale) *
+    inv)`` (both fused) rounds it correctly (Markstein), with no per-value division and no
+    branch. ``q0`` is first clamped to +-512 (NaN kept), so the residual stays finite where
+    the product overflows and a quotient at or beyond 512 stays there (it saturates either
+    way); the result takes ``q0``'s sign (the quotient's: a zero keeps its sign). Where the
+    residual would underflow (``|y|`` below ~2^-100) the result may differ in its last fp32
+    bit, in a quotient no fp8 value can show. Checked against the division by exact
+    emulation (``tools/check_fp8_division.py``) and on the GPU."""
+    q0 = tl.clamp(y * inv, -512.0, 512.0, propagate_nan=tl.PropagateNan.ALL)
+    q = tl.fma(tl.fma(q0, -scale, y), inv, q0)  # -scale: one negation per program
+    bits = (q.to(tl.int32, bitcast=True) & 0x7FFFFFFF) | (q0.to(tl.int32, bitcast=True)
+                                                         & -0x80000000)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _quantize(x, scale, inv, OUT_TY: tl.constexpr, SCALED: tl.constexpr,
-              FP8_MAX: tl.constexpr, SOFT_FP8: tl.constexpr, FAST_DIV: tl.constexpr):
+def _rcp(s, ASM: tl.constexpr):
+    """``RN(1 / s)`` for a normal ``s``: with ``ASM`` (NVIDIA) the steps ``div.rn.f32``
+    takes for ``1 / s`` on its fast path (the MUFU approximation, then two fused
+    corrections) without its range check and out-of-line slow path, which ``s`` in
+    [2^-85, 2^64] never needs (``tests/gpu/test_kv_write_fp8_gpu.py`` compares it with the
+    division for every such fp32 value); else the division itself."""
+    if ASM:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [s],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        r = tl.fma(r, tl.fma(-s, r, 1.0), r)
+        return tl.fma(r, tl.fma(-s, r, 1.0), r)
+    return tl.math.div_rn(1.0, s)
+
+
+@triton.jit
+def _scale_terms(scale, ASM: tl.constexpr):
+    """The per-program terms of a division by ``scale`` without branches: ``(pre, sc,
+    inv)`` with ``y / scale == (y * pre) / sc`` for every fp32 ``y`` an fp8 value can show
+    the quotient of, ``sc = scale * pre`` in [2^-85, 2^64] (``pre`` a power of two: 2^64
+    below 2^-64, 2^-64 above 2^64, else 1) or 0, +-2^64 (an infinite scale) or NaN, and
+    ``inv = RN(1 / sc)`` (+-inf for a zero scale, +-0 for an infinite one), so that
+    :func:`_div_by` of ``y * pre`` gives IEEE division's fp8 bytes at every scale."""
+    a = tl.abs(scale)
+    pre = tl.where(a < 5.421010862427522e-20, 1.8446744073709552e19,
+                   tl.where(a > 1.8446744073709552e19, 5.421010862427522e-20, 1.0))
+    sc = scale * pre
+    sign = sc.to(tl.int32, bitcast=True) & -0x80000000
+    inv = _rcp(sc, ASM)
+    inv = tl.where(a == 0.0, (sign | 0x7F800000).to(tl.float32, bitcast=True), inv)
+    inv = tl.where(a == float("inf"), sign.to(tl.float32, bitcast=True), inv)
+    sc = tl.where(a == float("inf"), (sign | 0x5F800000).to(tl.float32, bitcast=True), sc)
+    return pre, sc, inv
+
+
+@triton.jit
+def _quantize(x, scale, pre, inv, OUT_TY: tl.constexpr, SCALED: tl.constexpr,
+              FP8_MAX: tl.constexpr, SOFT_FP8: tl.constexpr, FAST_DIV: tl.constexpr,
+              NVIDIA: tl.constexpr):
     """``x / scale`` in fp32 (IEEE division), saturated to +-FP8_MAX, rounded to fp8.
 
-    With ``FAST_DIV`` (a GPU) the division is :func:`_div_by` when ``inv`` is finite and
-    normal (any scale between 2^-125 and 2^125 in magnitude), a per-value division
-    otherwise."""
+    With ``FAST_DIV`` (a GPU) ``scale``, ``pre`` and ``inv`` are :func:`_scale_terms`' and
+    the division is :func:`_div_by` of ``x * pre``: straight-line code, no per-value
+    division; else (the interpreter, whose fma rounds twice) a per-value division. On
+    ``NVIDIA`` the cast saturates by itself (``cvt.rn.satfinite``: +-448, NaN kept)."""
     y = x.to(tl.float32)
     if SCALED:
         if FAST_DIV:
-            if (tl.abs(scale) >= 2.350988701644575e-38) & (tl.abs(scale) <= 4.253529586511731e+37):
-                y = _div_by(y, scale, inv)
-            else:
-                y = tl.math.div_rn(y, scale)
+            y = _div_by(y * pre, scale, inv)
         else:
             y = tl.math.div_rn(y, scale)
-    y = tl.clamp(y, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    if not NVIDIA:
+        y = tl.clamp(y, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     if SOFT_FP8:
         return _fp8_e4m3fn_bits(y).to(OUT_TY, bitcast=True)
     return y.to(OUT_TY, fp_downcast_rounding="rtne")
@@ -77,7 +114,7 @@ def _kv_write_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_ACTIVE: tl.constexpr, USE_PDL: tl.constexpr,
     QUANT: tl.constexpr, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, SOFT_FP8: tl.constexpr,
-    FAST_DIV: tl.constexpr,
+    FAST_DIV: tl.constexpr, NVIDIA: tl.constexpr,
 ):
     """One program copies BLOCK_T rows x BLOCK_H heads of K and of V into the cache.
 
@@ -128,18 +165,20 @@ def _kv_write_kernel(
     if QUANT:
         k_scale = 1.0
         v_scale = 1.0
+        k_pre = 1.0
+        v_pre = 1.0
         k_inv = 1.0
         v_inv = 1.0
         if SCALED:
             k_scale = tl.load(ks_ptr)
             v_scale = tl.load(vs_ptr)
-            if FAST_DIV:  # one division per program, not one per value
-                k_inv = tl.math.div_rn(1.0, k_scale)
-                v_inv = tl.math.div_rn(1.0, v_scale)
-        k = _quantize(k, k_scale, k_inv, kc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8,
-                      FAST_DIV)
-        v = _quantize(v, v_scale, v_inv, vc_ptr.dtype.element_ty, SCALED, FP8_MAX, SOFT_FP8,
-                      FAST_DIV)
+            if FAST_DIV:  # one reciprocal per program, not one division per value
+                k_pre, k_scale, k_inv = _scale_terms(k_scale, NVIDIA)
+                v_pre, v_scale, v_inv = _scale_terms(v_scale, NVIDIA)
+        k = _quantize(k, k_scale, k_pre, k_inv, kc_ptr.dtype.element_ty, SCALED, FP8_MAX,
+                      SOFT_FP8, FAST_DIV, NVIDIA)
+        v = _quantize(v, v_scale, v_pre, v_inv, vc_ptr.dtype.element_ty, SCALED, FP8_MAX,
+                      SOFT_FP8, FAST_DIV, NVIDIA)
 
     kc_off = blk * stride_kcb + off * stride_kcp + h * stride_kch
     vc_off = blk * stride_vcb + off * stride_vcp + h * stride_vch

@@ -50,7 +50,9 @@ def plan(config: KVWriteConfig, num_tokens: int, num_heads: int, head_dim: int,
     by the scales when ``scaled``; the interpreter rounds to float8_e4m3fn in integer
     arithmetic (``SOFT_FP8``: its own fp32 -> fp8 cast is wrong), a GPU with its cast. On a
     GPU the division is a product by the scale's reciprocal with one fused correction
-    (``FAST_DIV``: the same bits, no per-value division; the interpreter divides).
+    (``FAST_DIV``: the same bits, no per-value division nor branch; the interpreter
+    divides); on an NVIDIA GPU (``NVIDIA``) the reciprocal comes from its approximation
+    instruction and the cast saturates by itself.
     """
     options: dict[str, Any] = {"num_warps": config.num_warps}
     if config.pdl:
@@ -64,7 +66,8 @@ def plan(config: KVWriteConfig, num_tokens: int, num_heads: int, head_dim: int,
                         HAS_ACTIVE=has_active, USE_PDL=config.pdl, QUANT=quant,
                         SCALED=quant and scaled, FP8_MAX=FP8_MAX.get(cache_dtype, 0.0),
                         SOFT_FP8=quant and interpreting() and cache_dtype == "float8_e4m3fn",
-                        FAST_DIV=quant and scaled and not interpreting()),
+                        FAST_DIV=quant and scaled and not interpreting(),
+                        NVIDIA=quant and not interpreting() and not torch.version.hip),
         options=options)
 
 

@@ -34,28 +34,36 @@ WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (2048, 4), (MA
 # T=16384: 70.24 vs 69.46 us at 8 heads, 8 warps).
 BLOCK_T_DEFAULT = 1
 # fp8 caches (each value divided by its scale and rounded): elements per program of a
-# multi-token write (twice that for one token) and warps by tile. H200 full-space tune
-# (session 8): one-token writes best at 4 heads x 128, 4 warps (16 heads) and the 576-wide
-# latent at 8 warps (1.9 vs 3.1 us at 4); 8-64 tokens best at one head x 2-8 rows (16 x
-# 128, 8 tokens: 1.1 us vs 1.8 at 16 heads x 1 row).
+# decode step's write and warps by tile. H200 full-space tune (session 8): 8-64 tokens best
+# at one head x 2-8 rows (16 x 128, 8 tokens: 1.1 us vs 1.8 at 16 heads x 1 row); one-token
+# writes: QUANT_MIN_PER_THREAD.
 QUANT_TILE = 256
 #: up to this many tokens (a decode step); bulk fp8 writes keep the bf16 tiles (16,384
 #: tokens: within 2% of the best)
 QUANT_SMALL_TOKENS = 64
 # Decode-step writes (2..64 tokens) over more than MANY_HEADS kv heads: MANY_HEADS_ROWS rows
-# per program, tiles of MANY_HEADS_TILE elements per operand (fp8: by tokens), warps by tile.
+# per program, tiles of MANY_HEADS_TILE elements per operand (fp8: below), warps by tile.
 # H200 full-space tune on the session-11 kernels (55 heads x 96, the ouro preset): bf16 8
 # tokens best at 2 heads x 4 rows (the 16-head x 1-row heuristic took 1.25x), 64 tokens
-# within 2% of the best at 2 x 4 (16 x 1: 1.33x); fp8 8 tokens best at 1 head x 4 rows,
-# 64 tokens within 2% at 4 x 4 (1 x 2 rows: 1.57x). At 8 and 16 heads the existing rules
+# within 2% of the best at 2 x 4 (16 x 1: 1.33x). At 8 and 16 heads the existing rules
 # stay within 10% of the best (bench/results/nvidia-h200/session11/h200.sqlite).
 MANY_HEADS = 16
 MANY_HEADS_ROWS = 4
 MANY_HEADS_TILE = 1024
-MANY_HEADS_FP8_TILE_BY_TOKENS: tuple[tuple[int, int], ...] = ((8, 512),
-                                                               (QUANT_SMALL_TOKENS, 2048))
+# fp8 (session 25's tune of the division without a per-value divide, 55 x 96): 1 head x 4
+# rows at 8 and 64 tokens, 4 warps at 8 tokens (0.996 us; 1 warp 1.102) and 1 warp at 64
+# (1.507 us; 2 warps 1.899, session 11's 4 heads x 4 rows x 4 warps 1.928).
+MANY_HEADS_FP8_TILE = 512
+MANY_HEADS_FP8_WARPS_BY_TOKENS: tuple[tuple[int, int], ...] = ((8, 4), (QUANT_SMALL_TOKENS, 1))
 QUANT_WARPS_BY_TILE: tuple[tuple[int, int], ...] = ((128, 1), (256, 2), (512, 4),
                                                      (MAX_TILE, 8))
+# Fewest values a thread of an fp8 writer holds (bf16: 4, one 8-byte load). One-token fp8
+# writes take QUANT_TILE values a program, this many a thread: H200 kv_write tune of every
+# preset (session 25, bench/results/nvidia-h200/session25/h200.sqlite), one-token fp8 keys
+# of head dims 64-256 best at 256 values over 4 warps (16 x 128: 2 heads, 0.845 us/write
+# vs 0.880 at 4 heads x 4 warps; 8 x 256: 1 head, 0.863 vs 0.878); the 576-wide latent at
+# 8 warps (4 a thread).
+QUANT_MIN_PER_THREAD = 2
 
 
 class KVWriteKey(OpKey):
@@ -159,21 +167,25 @@ def heuristic(key: KVWriteKey) -> KVWriteConfig:
             and block_d * MANY_HEADS_ROWS <= MANY_HEADS_TILE):
         # a decode step's tokens over many heads: programs of several rows and few heads
         block_t = min(key.tokens, MANY_HEADS_ROWS)
-        tile = (MANY_HEADS_TILE if not is_fp8(key.kv_dtype)
-                else ladder(MANY_HEADS_FP8_TILE_BY_TOKENS, key.tokens))
+        fp8 = is_fp8(key.kv_dtype)
+        tile = MANY_HEADS_FP8_TILE if fp8 else MANY_HEADS_TILE
         block_h = max(1, min(triton.next_power_of_2(key.num_kv_heads), BLOCK_H_MAX,
                              tile // (block_t * block_d)))
+        warps = (ladder(MANY_HEADS_FP8_WARPS_BY_TOKENS, key.tokens) if fp8
+                 else ladder(WARPS_BY_TILE, block_t * block_h * block_d))
         return KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
-                             num_warps=ladder(WARPS_BY_TILE, block_t * block_h * block_d),
-                             pdl=pdl_capable(key))
+                             num_warps=warps, pdl=pdl_capable(key))
     if is_fp8(key.kv_dtype) and key.tokens <= QUANT_SMALL_TOKENS:
         # quantizing (a division per value) a decode step's tokens wants small programs
         block_t = min(key.tokens, max(1, QUANT_TILE // block_d))
-        block_h = 1 if key.tokens > 1 else min(max(1, 2 * QUANT_TILE // block_d),
+        block_h = 1 if key.tokens > 1 else min(max(1, QUANT_TILE // block_d),
                                                triton.next_power_of_2(key.num_kv_heads))
         tile = block_t * block_h * block_d
+        warps = ladder(QUANT_WARPS_BY_TILE, tile)
+        if key.tokens == 1:  # one row: its latency is a thread's chain of values, 2 each
+            warps = max(1, min(8, tile // (32 * QUANT_MIN_PER_THREAD)))
         return KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
-                             num_warps=ladder(QUANT_WARPS_BY_TILE, tile), pdl=pdl_capable(key))
+                             num_warps=warps, pdl=pdl_capable(key))
     per_row = max(1, min(BLOCK_H_MAX, ladder(TILE_BY_TOKENS, key.tokens) // block_d))
     block_h = min(per_row, triton.next_power_of_2(key.num_kv_heads))
     tile = BLOCK_T_DEFAULT * block_h * block_d
@@ -195,5 +207,7 @@ def is_valid(key: KVWriteKey, config: KVWriteConfig) -> bool:
     tile = config.block_t * config.block_h * triton.next_power_of_2(key.head_dim)
     if tile > MAX_TILE or tile > MAX_ELEMS_PER_THREAD * 32 * config.num_warps:
         return False
-    # more warps than the tile has 16-byte vectors only adds idle threads
-    return config.num_warps == 1 or tile >= 32 * config.num_warps * 4
+    # more warps than the tile has 8-byte loads (4 values) only adds idle threads; an fp8
+    # cache's values each take a division, so its threads may hold 2
+    per_thread = QUANT_MIN_PER_THREAD if is_fp8(key.kv_dtype) else 4
+    return config.num_warps == 1 or tile >= 32 * config.num_warps * per_thread

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 25, call 1 (one H200): the fp8 writer's branch-free division (session 24's second
+# form: 111 GPU tests passed in its call 2, not landed for want of a re-tune) with one-token
+# fp8 writes at 2 values a thread (8 warps for the 512-value tile; before: 4 warps x 4).
+# GPU tests of the writer; tools/bench_kv_write.py on session 23's tree (.exp/ab-ref) and on
+# this one, alternating three times (each run times its fp8 writer against its bf16 writer
+# at the heuristic's configs), then one run of this tree with --sweep (both cache dtypes);
+# then, when the tests pass, the kv_write re-tune of every preset on session 23's database
+# (its decode rows are current: only the writer's keys are tuned), exported.
+#   OUT=$OUT bash bench/results/nvidia-h200/session25/call1.sh   # carry [".whl", ".exp/ab-ref"]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export WHEELS_INSTALLED=1
+unset TRITON_INTERPRET PYTHONDONTWRITEBYTECODE KDISPATCH_FAST_OPS
+export PYTHONPYCACHEPREFIX=/tmp/kdispatch-pycache
+export PYTHONPATH=/tmp/site:$PWD
+echo "== $(date +%T) writer GPU tests"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_kv_write_fp8_gpu.py \
+  tests/gpu/test_fp8_mtp_gpu.py tests/gpu/test_kv_write_gpu.py > $OUT/call1-tests.txt 2>&1
+rc1=$?
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kv_write.py \
+  tests/kernels/test_kv_write_fp8.py >> $OUT/call1-tests.txt 2>&1
+rc2=$?
+tail -4 $OUT/call1-tests.txt; echo "rc $rc1 $rc2"
+echo "== $(date +%T) writer benchmarks, alternating trees"
+mkdir -p /tmp/b
+for i in 1 2 3; do
+  for tree in ref cur; do
+    dir=.; [ $tree = ref ] && dir=.exp/ab-ref
+    timeout 100 python3 $dir/tools/bench_kv_write.py --out /tmp/b/call1-kv_write-$tree-$i.json \
+      > /tmp/b/call1-kv_write-$tree-$i.txt 2>&1; echo "$tree $i rc $?"
+    tail -5 /tmp/b/call1-kv_write-$tree-$i.txt | cut -c1-160
+  done
+done
+timeout 200 python3 tools/bench_kv_write.py --sweep --sweep-budget 45 \
+  --out /tmp/b/call1-kv_write-sweep.json > /tmp/b/call1-kv_write-sweep.txt 2>&1
+echo "sweep rc $?"; grep -E "sweep|swept" /tmp/b/call1-kv_write-sweep.txt | cut -c1-200
+tar -C /tmp/b -czf $OUT/call1-kv_write.tgz .
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]; then
+  echo "== $(date +%T) kv_write re-tune"
+  export MAX_CANDS=16 STATE=/tmp/s25-state BASE_DB=bench/results/nvidia-h200/session23/h200.sqlite
+  export PRESETS=deepseek-v3-dp,kimi-k3-tp8,deepseek-v3-tp8,llama3-8b,ouro-1.4b,huginn,llama3.2-1b,gemma2-9b
+  left=$(( 570 - SECONDS )); mins=$(python3 -c "print(max(0.5, ($left - 40) / 60))")
+  TUNE_MINUTES=$mins bash tools/gpu_session.sh tune
+  mv "$OUT/session.log" "$OUT/call1-session.log"; mv "$OUT/tune.txt" "$OUT/call1-tune.txt"
+fi
+echo "== $(date +%T) done"
