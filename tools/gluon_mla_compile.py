@@ -8,7 +8,7 @@ on a machine without a GPU and report ptxas's registers and spills and the share
 program scans the batch's lengths); ``--kv fp8`` the fp8 (e4m3) latent's variant, with its
 scale tensors. Prints one JSON line per (cache dtype, page size, heads x QLEN, split
 count); exits 1 when a compile fails, the two warpgroups' code spills (the seesaw's, bf16
-at 64-token pages: more than ``SEESAW_SPILL_LIMIT`` bytes), the copy warp's spills more
+latents: more than ``SEESAW_SPILL_LIMIT`` bytes), the copy warp's spills more
 than ``COPY_WARP_SPILL_LIMIT`` bytes, or the kernel needs more than the 227 KB of shared
 memory an sm_90 block may have. Run without TRITON_INTERPRET.
 
@@ -38,13 +38,15 @@ from kdispatch.kernels.decode_attention import gluon_mla as G  # noqa: E402
 from kdispatch.launching import KernelLaunch  # noqa: E402
 
 SMEM_LIMIT = 227 * 1024
-#: spill bytes allowed in the copy warp's code (one warp at 32 registers, waiting on
-#: mbarriers: its 16-token-page loop spills 32 B in bf16; the two warpgroups never)
+#: spill bytes allowed in the copy warp's code of the form with both warpgroups on each
+#: tile (fp8 latents; one warp at 32 registers, waiting on mbarriers: its 16-token-page
+#: loop spilled 32 B when bf16 took it; the two warpgroups never)
 COPY_WARP_SPILL_LIMIT = 32
-#: spill bytes allowed in the seesaw (bf16 latents in 64-token pages, two 4-warp
-#: warpgroups at 240 registers): the first warpgroup stores values it holds across its pair
-#: loop (the split's bounds, row offsets, ...) once before it and reloads them ~15 times a
-#: pair (124-144 B, session 23); its MMA descriptors are formed in the loop, not spilled
+#: spill bytes allowed in the seesaw (bf16 latents at every page size, two 4-warp
+#: warpgroups at 240 registers): the warpgroups store values they hold across the pair
+#: loop (the split's bounds, row offsets, ...) once before it and reload them in it
+#: (124-144 B, session 23; 80-108 B with the parts released early); the MMA descriptors
+#: are formed in the loop, not spilled
 SEESAW_SPILL_LIMIT = 160
 
 

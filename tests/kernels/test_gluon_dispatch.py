@@ -167,12 +167,11 @@ def test_a_gluon_plan_launches_its_stage_1_and_the_triton_tiles_reduce_without_a
     stage1, reduce = launches(g, q, k, k[..., :512], bt, sl, q.new_empty(g.out_shape), 0.1,
                               0.0, 0)
     assert stage1.fn is _gluon_mla_stage1 and stage1.grid == g.grid == t.grid
-    # 12 warps at launch, 12 x 32 threads x MAXNREG registers: at 16-token pages both
-    # warpgroups (8 warps, the default partition) and the copy warp's group; at 64 the
-    # seesaw's first warpgroup (4, the default partition), its second and the copy warp's
+    # 12 warps at launch, 12 x 32 threads x MAXNREG registers: a bf16 latent at every page
+    # size is the seesaw's first warpgroup (4, the default partition), its second and the
+    # copy warp's group (fp8: both warpgroups, 8 warps, and the copy warp's group)
     assert stage1.constexprs == g.constexprs
-    warps = 4 if page == 64 else 8
-    assert stage1.options == {"num_warps": warps, "maxnreg": 168} and 12 * 32 * 168 <= 65536
+    assert stage1.options == {"num_warps": 4, "maxnreg": 168} and 12 * 32 * 168 <= 65536
     assert reduce.fn is _decode_reduce and reduce.grid == t.reduce_grid
     assert (reduce.constexprs, reduce.options) == (t.reduce_constexprs, t.reduce_options)
 
@@ -239,7 +238,7 @@ def test_on_the_interpreter_a_gluon_config_runs_the_triton_tile_correctly(hq, q_
 def test_the_seesaw_rule_is_the_same_for_keys_and_calls():
     """The heuristic's reading of a key (spec.seesaw_key: its split rule) and the launch's
     reading of a call (gluon_mla.seesaw: the kernel form, its warps) agree: the seesaw for
-    bf16 latents in 64-token pages, both warpgroups on each tile otherwise."""
+    bf16 latents at every page size, both warpgroups on each tile for fp8."""
     from kdispatch.kernels.decode_attention import gluon_mla as G
 
     seen = set()
@@ -251,4 +250,5 @@ def test_the_seesaw_rule_is_the_same_for_keys_and_calls():
             assert got == G.seesaw(fp8, page), (page, kv)
             assert G.launch_options(fp8, page)["num_warps"] == (4 if got else 8)
             seen.add((page, kv, got))
-    assert {(p, kv) for p, kv, s in seen if s} == {(64, "bfloat16")}
+    assert {(p, kv) for p, kv, s in seen if s} == {(p, "bfloat16")
+                                                   for p in spec.GLUON_PAGE_SIZES}

@@ -10,11 +10,11 @@ tokens); the request's rows fill ``cdiv(QLEN * H, 64)`` programs, the last one's
 ``QLEN * H`` are padding (q read from the next request or zero-filled by TMA, finite
 scores, nothing stored). Every form:
 
-- a tile's ``64 // PAGE`` pages arrive by TMA (each page two copies, ``PAGE``-row boxes
-  of two descriptors over the same cache: the 512 latent columns and the 64 rope columns,
-  into rows ``j * PAGE`` of the stage's tile) into a 2-stage shared-memory ring with one
-  ``ready`` mbarrier per stage (all ``64 // PAGE`` pages are always copied: the tile's
-  bytes are one constant); q (64 x 576) is loaded by TMA once and stays in shared memory;
+- a tile's ``64 // PAGE`` pages arrive by TMA (``PAGE``-row boxes of two descriptors over
+  the same cache, the latent columns and the 64 rope columns, into rows ``j * PAGE`` of
+  the stage's tile) into a 2-stage shared-memory ring (all ``64 // PAGE`` pages are always
+  copied: the tile's bytes are one constant); q (64 x 576) is loaded by TMA once and stays
+  in shared memory;
 - the copies come from a warp of their own (``gl.warp_specialize``:
   :func:`~kdispatch.kernels.decode_attention.gluon_mla_tiles._producer`): it loads a
   tile's page ids, waits until the MMA warpgroups released the stage (``empty``) and
@@ -28,17 +28,20 @@ scores, nothing stored). Every form:
 
 Two forms share that (:func:`seesaw` says which):
 
-- **the seesaw** (bf16 latents in 64-token pages; ``gluon_mla_seesaw``): two 4-warp
+- **the seesaw** (bf16 latents at every page size; ``gluon_mla_seesaw``): two 4-warp
   warpgroups, each scoring every other tile (64 x 64 score MMAs) and passing ``P`` and
   the row max to the other through shared memory, so one warpgroup's softmax runs under
   the other's MMAs (session 23: 0.86x the time of the form below at 128 heads b32 x
-  16,384, docs/decode_notes.md v23);
-- **both warpgroups on each tile** (fp8 latents, and bf16 in 16- or 32-token pages, where
-  the seesaw's second stage arrives late: 1.03x; ``gluon_mla_consumer``): each warpgroup
-  scores 32 of a tile's 64 token columns, the row max crosses warpgroups in shared
-  memory, and score MMA, softmax and PV MMA run in series. The PV MMA is waited at the
-  end of each tile (one left in flight into the next tile's score MMA makes ptxas
-  serialize the wgmmas, C7515 or C7514 by the form: v12, v21).
+  16,384, docs/decode_notes.md v23). Each stage arrives in nine 64-column blocks, each
+  completing a ``ready`` mbarrier of its own, and is released in three parts (the rope,
+  the latent's left and right halves: three ``empty`` mbarriers a stage) by each part's
+  last reader, so the copy warp refills a stage part by part (the module's protocol);
+- **both warpgroups on each tile** (fp8 latents; ``gluon_mla_consumer``): one ``ready``
+  and one ``empty`` mbarrier per stage, each page two copies (the 512 latent columns, the
+  rope); each warpgroup scores 32 of a tile's 64 token columns, the row max crosses
+  warpgroups in shared memory, and score MMA, softmax and PV MMA run in series. The PV
+  MMA is waited at the end of each tile (one left in flight into the next tile's score
+  MMA makes ptxas serialize the wgmmas, C7515 or C7514 by the form: v12, v21).
 
 An fp8 (e4m3) latent (``KV_FP8``) arrives by TMA as bytes into the ring; each tile step
 converts its stage to one fp16 tile (exact; the last tile's V rows past the split's end as
@@ -77,7 +80,8 @@ from kdispatch.dtypes import torch_dtype
 from kdispatch.kernels._common import interpreting
 from kdispatch.kernels.decode_attention.checks import q_dims, shares_latent
 from kdispatch.kernels.decode_attention.gluon_mla_consumer import _consumer
-from kdispatch.kernels.decode_attention.gluon_mla_seesaw import _seesaw_wg0, _seesaw_wg1
+from kdispatch.kernels.decode_attention.gluon_mla_seesaw import (_producer_blocks, _seesaw_wg0,
+                                                                 _seesaw_wg1)
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (BLOCK_H, BLOCK_N, DPE, DV,
                                                                 _mean_len, _producer)
 from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_KV_DTYPES,
@@ -108,10 +112,9 @@ def _gluon_mla_stage1(
     QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64, KV_FP8: gl.constexpr = False,
     KV_SCALED: gl.constexpr = False,
 ):
-    # a bf16 latent in 64-token pages: the seesaw (two 4-warp warpgroups, each scoring
-    # every other tile); else both warpgroups on each tile (fp8: its bytes converted per
-    # tile)
-    SEESAW: gl.constexpr = PAGE == BLOCK_N and not KV_FP8
+    # a bf16 latent: the seesaw (two 4-warp warpgroups, each scoring every other tile);
+    # fp8: both warpgroups on each tile (its bytes converted per tile)
+    SEESAW: gl.constexpr = not KV_FP8
     gl.static_assert(num_warps == (4 if SEESAW else 8))
     gl.static_assert(BLOCK_H == 64)
     gl.static_assert(BLOCK_N == 64)
@@ -144,13 +147,19 @@ def _gluon_mla_stage1(
     # the TMA ring: the cache's own dtype (bf16, or fp8 bytes converted per tile)
     kv_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, TILE, DV], kv_desc.layout)
     pe_smem = gl.allocate_shared_memory(pe_desc.dtype, [STAGES, TILE, DPE], pe_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # the seesaw: one ready mbarrier per 64-column block of a stage (9: the latent's 8,
+    # then the rope) and one empty mbarrier per part of it (3: the rope, the latent's left
+    # half, its right half), each released by the part's last reader (gluon_mla_seesaw);
+    # else one of each per stage, the stage released by both warpgroups together
+    NRDY: gl.constexpr = STAGES * 9 if SEESAW else STAGES
+    NEMPTY: gl.constexpr = STAGES * 3 if SEESAW else STAGES
+    ready = gl.allocate_shared_memory(gl.int64, [NRDY, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NEMPTY, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(STAGES):
+    for j in gl.static_range(NRDY):
         mbarrier.init(ready.index(j), count=1)
-        # the seesaw: one release from each warpgroup; else one of both together
-        mbarrier.init(empty.index(j), count=2 if SEESAW else 1)
+        if j < NEMPTY:
+            mbarrier.init(empty.index(j), count=1)
     mbarrier.init(q_bar, count=1)
     if not SEESAW:
         # the dots' dtype: bf16, or fp16 for an fp8 latent (e4m3 -> fp16 is one packed
@@ -171,11 +180,11 @@ def _gluon_mla_stage1(
         vec_s: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         m_smem = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], vec_s)
         l_smem = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], vec_s)
-        # A's P ready, B's P ready, A scored (one arrive each); A's P read, B's P read,
-        # the row sums stored (one arrive from each warpgroup)
-        sync = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(6):
-            mbarrier.init(sync.index(j), count=1 if j < 3 else 2)
+        # A's P ready, B's P ready, A scored, A's P read (one arrive each: warpgroup 0's,
+        # 1's, 0's, 0's); the row sums stored (one arrive from each warpgroup)
+        sync = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(5):
+            mbarrier.init(sync.index(j), count=1 if j < 4 else 2)
     fence_async_shared()
 
     # the request's rows are contiguous in q's row view: the box starts at its first row
@@ -196,25 +205,23 @@ def _gluon_mla_stage1(
                          end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)),
         ], [1], [32])  # COPY_WARP_REGS
     else:
-        # the P buffer starts free (the first pair waits on a completed phase)
-        mbarrier.arrive(sync.index(4), count=2)
         # (the two warpgroups' argument tuples are written out: a tuple held in a variable
         # turns its constexprs into tensors)
         gl.warp_specialize([
             (_seesaw_wg0, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-                          empty, sync.index(0), sync.index(1), sync.index(3), sync.index(4),
-                          sync.index(2), sync.index(5), q_bar, bt_row, start, end, n_tiles,
+                          empty, sync.index(0), sync.index(1), sync.index(3), sync.index(2),
+                          sync.index(4), q_bar, bt_row, start, end, n_tiles,
                           seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
                           heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                           BLOCK_H, TILE, PAGE, DV, QLEN)),
             (_seesaw_wg1, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-                          empty, sync.index(0), sync.index(1), sync.index(3), sync.index(4),
-                          sync.index(2), sync.index(5), q_bar, bt_row, start, end, n_tiles,
+                          empty, sync.index(0), sync.index(1), sync.index(3), sync.index(2),
+                          sync.index(4), q_bar, bt_row, start, end, n_tiles,
                           seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
                           heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                           BLOCK_H, TILE, PAGE, DV, QLEN)),
-            (_producer, (kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start,
-                         end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)),
+            (_producer_blocks, (kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row,
+                                start, end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)),
         ], [4, 1], [240, 24])  # SEESAW_WG_REGS, SEESAW_COPY_WARP_REGS
 
 
@@ -244,10 +251,9 @@ def is_fp8(kv_cache) -> bool:
 
 
 def seesaw(kv_fp8: bool, page: int) -> bool:
-    """Whether the stage 1 runs as the seesaw: a bf16 latent in 64-token pages (at 16-token
-    pages the seesaw's second stage arrives late: 1.03x the time of both warpgroups on
-    each tile, session 23)."""
-    return not kv_fp8 and page == BLOCK_N
+    """Whether the stage 1 runs as the seesaw: a bf16 latent, at every page size (its
+    stages released in parts, so the second stage's copy starts before the pair ends)."""
+    return not kv_fp8
 
 
 def launch_options(kv_fp8: bool, page: int) -> dict:
@@ -270,7 +276,8 @@ def descriptors(q, kv_cache):
     flat_k = kv_cache.as_strided(((rows - 1) * kstride + d,), (1,))
     return (TensorDescriptor(flat_q, [q_rows, DV], [q_stride, 1], [BLOCK_H, DV], lay),
             TensorDescriptor(flat_q[DV:], [q_rows, DPE], [q_stride, 1], [BLOCK_H, DPE], lay),
-            TensorDescriptor(flat_k, [rows, DV], [kstride, 1], [page, DV],
+            TensorDescriptor(flat_k, [rows, DV], [kstride, 1],
+                             [page, DV if is_fp8(kv_cache) else 64],
                              _cache_layout(kv_cache, DV, page)),
             TensorDescriptor(flat_k[DV:], [rows, DPE], [kstride, 1], [page, DPE],
                              _cache_layout(kv_cache, DPE, page)), q2)

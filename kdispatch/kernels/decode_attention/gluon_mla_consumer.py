@@ -1,7 +1,8 @@
 """The Gluon MLA stage 1 with both warpgroups on each tile (``gluon_mla``): fp8 latents
-(each stage converted to one fp16 tile), and bf16 latents in 16- or 32-token pages. Each
-warpgroup takes 32 of a tile's 64 token columns of the scores and 256 of the output's 512
-columns; score MMA, softmax and PV MMA run in series."""
+(each stage converted to one fp16 tile; bf16 latents, which took it in 16- and 32-token
+pages, run the seesaw at every page size). Each warpgroup takes 32 of a tile's 64 token
+columns of the scores and 256 of the output's 512 columns; score MMA, softmax and PV MMA
+run in series."""
 
 from __future__ import annotations
 

@@ -1,8 +1,94 @@
-"""The Gluon MLA stage 1's seesaw (``gluon_mla``; bf16 latents in 64-token pages): two
-4-warp warpgroups, each scoring every other 64-token tile with 64 x 64 score MMAs (one
-warpgroup's operand reads per tile where both warpgroups' 32-column halves read q twice)
-and holding half of the output's columns, with one warpgroup's softmax under the other's
-MMAs."""
+"""The Gluon MLA stage 1's seesaw (``gluon_mla``; bf16 latents in 16-, 32- or 64-token
+pages): two 4-warp warpgroups, each scoring every other 64-token tile with 64 x 64 score
+MMAs (one warpgroup's operand reads per tile where both warpgroups' 32-column halves read
+q twice) and holding half of the output's columns, with one warpgroup's softmax under the
+other's MMAs.
+
+A stage (one 64-token tile) is copied and released in three parts, each with an ``empty``
+mbarrier of its own (count 1, ``empty[3 * stage + part]``): the rope (part 0: the rope
+block, read only by the tile's score MMA), the left half (part 1: latent columns 0-255,
+V of warpgroup 0's output columns) and the right half (part 2: columns 256-511, V of
+warpgroup 1's). Each of the stage's nine 64-column blocks completes a ``ready`` mbarrier
+of its own (``ready[9 * stage + block]``: latent blocks 0-7, the rope 8). The copy warp
+(:func:`_producer_blocks`) fills a stage right half first, then the rope, then the left
+half, each part once its last reader released it, and the score MMA consumes the blocks
+in that order (:func:`_seesaw_scores`). Warpgroup 1 runs its PV MMA of tile B with B's P
+from its registers (the wgmma's A operand), not from shared memory, so it releases B's
+right half and rope as soon as that MMA is done; only warpgroup 0 reads B's P from shared
+memory. Per pair (A = tile 2j in stage 0, B = 2j + 1 in stage 1; ``ph = j & 1``)::
+
+    warpgroup 0                          warpgroup 1
+    score A (right, rope, left)
+    wait; arrive sa_done ------------>   wait sa_done; score B (right, rope, left)
+    softmax A (m_a)
+    P_A, m_a to shared memory;
+    arrive pa_ready ----------------->   wait pa_ready; rescale O; PV A (right half) ...
+    PV A (left half); wait               wait score B; softmax B (m_b over m_a)
+    arrive pa_done, empty[0], empty[1]   wait PV A; arrive empty[2]
+                                         rescale O; PV B (right half, P_B in registers) ...
+                                   ---> wait pa_done; P_B, m_b to shared memory
+    wait pb_ready <------------------    arrive pb_ready
+    rescale O; PV B (left half); wait    wait PV B; arrive empty[5], empty[3]
+    arrive empty[4]
+
+The protocol. Every mbarrier completes once a pair, or once a lap of its stage (``j`` for
+both stages: A is a stage 0 lap, B a stage 1 lap); its waiters wait parity ``j & 1``, the
+copy warp an empty's ``(j & 1) ^ 1`` (a fresh mbarrier's preceding phase passes: the
+first lap copies at once); and none can complete a phase twice ahead of its waiter::
+
+    mbarrier (count)      arrives (after)                        waits (before)
+    ready[9 st + c] (1)   copy warp's expect; TMA bytes of        the tile's scorer: its
+                          block c (c = 0-7 latent, 8 rope)        score MMA's block c
+    empty[0] A rope (1)   wg0, PV MMA of A waited (its score      copy warp, A's rope
+                          MMA, the rope's only reader, before)
+    empty[1] A left (1)   wg0, PV MMA of A waited                 copy warp, A's left
+    empty[2] A right (1)  wg1, PV MMA of A waited                 copy warp, A's right
+    empty[3] B rope (1)   wg1, PV MMA of B waited (with B)        copy warp, B's rope
+    empty[4] B left (1)   wg0, PV MMA of B waited (with B)        copy warp, B's left
+    empty[5] B right (1)  wg1, PV MMA of B waited (with B)        copy warp, B's right
+    sa_done (1)           wg0, score MMA of A waited              wg1, score MMA of B
+    pa_ready (1)          wg0, P_A and m_a stored                 wg1, m_a, PV MMA of A
+    pa_done (1)           wg0, PV MMA of A waited                 wg1, storing P_B
+    pb_ready (1)          wg1, P_B and m_b stored (every pair)    wg0, m_b, PV MMA of B
+    fin_bar (2)           both, row sums stored (phase 0)         both
+
+Points that hold it together:
+
+- **The P buffer needs no "free" mbarrier** (the landed seesaw's ``pb_done``, gone): P_B's
+  only reader from shared memory is warpgroup 0's own PV MMA of B, which it waits before
+  the next pair, and warpgroup 1 stored P_B before ``pb_ready``, which warpgroup 0 waited
+  before reading it. So warpgroup 0 stores the next P_A with no wait (an early
+  ``wait(pb_ready, ph ^ 1)`` there would pass at once: that phase was waited last pair, or
+  is the fresh mbarrier's preceding one at ``j = 0``). Warpgroup 1 writes P_B only after
+  ``pa_done`` (warpgroup 0's PV MMA of A is done with P_A; its own was waited), and the
+  row-max slots are ordered the same way (m_a read before ``pb_ready``, m_b read before
+  ``pa_done`` of the next pair).
+- **Warpgroup 1 stores P_B while its PV MMA of B is in flight**: the store reads the bf16
+  registers the MMA takes as its A operand (the conversion to the dot-operand layout is a
+  register renaming) and writes none. ptxas compiles it with no wait and no warning (the
+  sm_90a SASS: ``STSM`` from the registers the four ``HGMMA.64x256x16`` name, then the
+  ``WARPGROUP.DEPBAR``); its serialization warnings are for instructions that define an
+  in-flight MMA's registers (C7515) or read its accumulator (C7514). The PTX ISA calls
+  any access to an in-flight A fragment undefined, so this is the point to watch on the
+  GPU (the fallback: store P_B after ``pa_done`` and before issuing the MMA).
+- **Constant empty indices**: A is always stage 0 and B stage 1 (the copy warp puts tile
+  ``i`` in stage ``i % 2`` from ``i = 0``, pairs are tiles ``2j, 2j + 1``), so the
+  warpgroups arrive on ``empty[0..2]`` for A and ``empty[3..5]`` for B as constants; the
+  stage index of the buffers stays a value the compiler cannot fold (see the loop).
+- **Odd tile counts**: the last pair has no B (``has_b`` false): warpgroup 1 scores stage 1
+  with its ready waits predicated off (no copy fills it; stale or never written bytes,
+  every score masked to -inf, P_B zeros), skips its PV MMA of B and B's releases, still
+  stores m_b (= m_a) and P_B and arrives ``pb_ready`` (warpgroup 0 waits it every pair and
+  skips its PV MMA of B). A split of one tile is one such pair: every mbarrier completes
+  at most phase 0, the empties are waited only by the copy warp at the fresh parity.
+- **The partial last tile**: its scorer waits all nine blocks and zeroes its V rows past
+  the split's end in shared memory (fenced, behind the warpgroup's barrier) before its
+  score MMA; the other warpgroup reads that tile's V only after ``pa_ready`` / ``pb_ready``.
+  The blocks' arrival implies the stage's previous readers released every part.
+- **The PV MMA of B in flight across no join**: the MMA, the P_B exchange and the wait sit
+  in one ``if has_b`` branch (the exchange repeated in the other), so no in-flight
+  accumulator passes through a branch's merge.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +97,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -26,39 +113,123 @@ from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_masked_scores,
 
 
 @gluon.jit
-def _seesaw_scores(q_smem, qpe_smem, kv, pe, s_layout: gl.constexpr, BLOCK_H: gl.constexpr,
-                   TILE: gl.constexpr):
-    """A warpgroup's score MMA of a whole tile (64 rows x ``TILE`` tokens), in flight."""
+def _score_block(q_smem, kv, ready, st, ph, live, s, c: gl.constexpr):
+    mbarrier.wait(ready.index(st * 9 + c), ph, pred=live)
+    return warpgroup_mma(q_smem.slice(c * 64, 64, dim=1),
+                         kv.slice(c * 64, 64, dim=1).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _seesaw_scores(q_smem, qpe_smem, kv, pe, ready, st, ph, live, s_layout: gl.constexpr,
+                   BLOCK_H: gl.constexpr, TILE: gl.constexpr):
+    """A warpgroup's score MMA of a whole tile (64 rows x ``TILE`` tokens), in flight, each
+    64-column block issued once its copy landed, in the copy warp's order: the right half
+    (latent blocks 4-7), the rope, the left half (blocks 0-3)."""
     s_zero = gl.zeros([BLOCK_H, TILE], gl.float32, layout=s_layout)
-    s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(q_smem, kv.permute((1, 0)), s, is_async=True)
+    mbarrier.wait(ready.index(st * 9 + 4), ph, pred=live)
+    s = warpgroup_mma(q_smem.slice(256, 64, dim=1), kv.slice(256, 64, dim=1).permute((1, 0)),
+                      s_zero, use_acc=False, is_async=True)
+    for c in gl.static_range(5, 8):
+        s = _score_block(q_smem, kv, ready, st, ph, live, s, c)
+    mbarrier.wait(ready.index(st * 9 + 8), ph, pred=live)
+    s = warpgroup_mma(qpe_smem, pe.permute((1, 0)), s, is_async=True)
+    for c in gl.static_range(0, 4):
+        s = _score_block(q_smem, kv, ready, st, ph, live, s, c)
+    return s
+
+
+@gluon.jit
+def _wait_tile(ready, st, ph):
+    for c in gl.static_range(9):
+        mbarrier.wait(ready.index(st * 9 + c), ph)
+
+
+@gluon.jit
+def _producer_blocks(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
+                     n_tiles, num_pages, oob_row, TILE: gl.constexpr, PAGE: gl.constexpr,
+                     STAGES: gl.constexpr):
+    """The seesaw's copy warp: each tile's page ids, then its copies in 64-column blocks,
+    each block's pages completing that block's ready mbarrier, part by part as the
+    warpgroups release them (``empty[3 * stage + part]``): the right half, the rope, the
+    left half."""
+    NP: gl.constexpr = TILE // PAGE if PAGE < TILE else 1
+    for i in range(n_tiles):
+        st = i % STAGES
+        r0, r1, r2, r3, bits = _tile_ids(bt_row, start + i * TILE, end, True, num_pages,
+                                         oob_row, TILE, PAGE)
+        # a fresh mbarrier's preceding phase counts as complete: the first lap passes
+        eph = ((i // STAGES) & 1) ^ 1
+        kv = kv_smem.index(st)
+        mbarrier.wait(empty.index(st * 3 + 2), eph)
+        _copy_half(kv_desc, kv, ready, st, r0, r1, r2, r3, 4, TILE, PAGE)
+        mbarrier.wait(empty.index(st * 3), eph)
+        bar = ready.index(st * 9 + 8)
+        mbarrier.expect(bar, NP * pe_desc.block_type.nbytes)
+        _copy_block(pe_desc, pe_smem.index(st), bar, r0, r1, r2, r3, 0, TILE, PAGE)
+        mbarrier.wait(empty.index(st * 3 + 1), eph)
+        _copy_half(kv_desc, kv, ready, st, r0, r1, r2, r3, 0, TILE, PAGE)
+
+
+@gluon.jit
+def _copy_half(kv_desc, kv, ready, st, r0, r1, r2, r3, FIRST: gl.constexpr,
+               TILE: gl.constexpr, PAGE: gl.constexpr):
+    """The four latent blocks from block ``FIRST`` (0: the left half, 4: the right) of a
+    tile into its stage ``kv``, each completing its own ready mbarrier."""
+    NP: gl.constexpr = TILE // PAGE if PAGE < TILE else 1
+    for c in gl.static_range(FIRST, FIRST + 4):
+        bar = ready.index(st * 9 + c)
+        mbarrier.expect(bar, NP * kv_desc.block_type.nbytes)
+        _copy_block(kv_desc, kv.slice(c * 64, 64, dim=1), bar, r0, r1, r2, r3, c * 64, TILE,
+                    PAGE)
+
+
+@gluon.jit
+def _copy_block(desc, dst, bar, r0, r1, r2, r3, col: gl.constexpr, TILE: gl.constexpr,
+                PAGE: gl.constexpr):
+    NP: gl.constexpr = TILE // PAGE if PAGE < TILE else 1
+    if NP == 1:
+        tma.async_copy_global_to_shared(desc, [r0, col], bar, dst)
+    else:
+        tma.async_copy_global_to_shared(desc, [r0, col], bar, dst.slice(0, PAGE, dim=0))
+        tma.async_copy_global_to_shared(desc, [r1, col], bar, dst.slice(PAGE, PAGE, dim=0))
+        if NP > 2:
+            tma.async_copy_global_to_shared(desc, [r2, col], bar,
+                                            dst.slice(2 * PAGE, PAGE, dim=0))
+            tma.async_copy_global_to_shared(desc, [r3, col], bar,
+                                            dst.slice(3 * PAGE, PAGE, dim=0))
+
+
+@gluon.jit
+def _give_p_b(p16, m_b, p_smem, m_b_smem, pa_done, pb_ready, ph, vec_l: gl.constexpr):
+    """Warpgroup 1: B's P and the pair's row max to warpgroup 0, once its PV MMA of A is
+    done with the P buffer (``pa_done``)."""
+    mbarrier.wait(pa_done, ph)
+    p_smem.store(p16)
+    m_b_smem.store(gl.convert_layout(m_b, vec_l))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(pb_ready, count=1)
 
 
 @gluon.jit
 def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem,
-               l_smem, ready, empty, pa_ready, pb_ready, pa_done, pb_done, sa_done, fin_bar,
-               q_bar, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO,
-               PL, b, split, pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb,
+               l_smem, ready, empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar,
+               bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b,
+               split, pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb,
                stride_plh, BLOCK_H: gl.constexpr, TILE: gl.constexpr, PAGE: gl.constexpr,
                DV: gl.constexpr, QLEN: gl.constexpr):
-    """Warpgroup ``ME`` (0 or 1) of the bf16 seesaw. Tiles go in pairs (A = 2j in stage 0,
-    B = 2j + 1 in stage 1); warpgroup 0 scores A and holds O's left 256 columns, warpgroup
-    1 scores B and holds the right ones. Per pair: warpgroup 0's score MMA of A; warpgroup
-    1's of B (issued once A's is done: ``sa_done``) runs under warpgroup 0's softmax of A;
-    A's P and row max go to warpgroup 1 through shared memory (``pa_ready``); both
-    warpgroups' PV MMAs of A run under warpgroup 1's softmax of B (its max taken over
-    A's), and each warpgroup then releases A's stage (the copy warp refills it while B is
-    finished: ``empty`` counts one release from each warpgroup); once both have read A's P
-    (``pa_done``), B's P and max take the one P buffer (``pb_ready``), both PV MMAs of B
-    follow, and both release B's stage and the buffer (``pb_done``). Without B (an odd
-    tile count's last pair) warpgroup 1 scores a stage no copy fills and masks every
-    score. The row sums stay per warpgroup (each of the P it computed) until the end
+    """Warpgroup ``ME`` (0 or 1) of the bf16 seesaw (the module docstring's protocol).
+    Warpgroup 0 scores A and holds O's left 256 columns, warpgroup 1 scores B and holds the
+    right ones. The row sums stay per warpgroup (each of the P it computed) until the end
     (``fin_bar``)."""
     HALF: gl.constexpr = DV // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+    # B's P as the PV MMA's A operand from registers (the accumulator's own layout at
+    # k_width 2: no data moves)
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -100,10 +271,10 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
         pe_b = pe_smem.index(1 - st_a)
         if ME == 0:
             bits = _tile_ids(bt_row, n_a, end, True, num_pages, oob_row, TILE, PAGE)[4]
-            mbarrier.wait(ready.index(0), ph)
             if n_a + TILE > end:  # the split's last, partial tile
+                _wait_tile(ready, st_a, ph)
                 _zero_tail(kv_a, end - n_a, zero_l, TILE, DV)
-            s = _seesaw_scores(q_smem, qpe_smem, kv_a, pe_a, s_layout,
+            s = _seesaw_scores(q_smem, qpe_smem, kv_a, pe_a, ready, st_a, ph, True, s_layout,
                                BLOCK_H, TILE)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             mbarrier.arrive(sa_done, count=1)  # warpgroup 1's score MMA may start
@@ -114,7 +285,8 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
             alpha = gl.exp2(m_old - m_a_use)
             p = gl.exp2(s - m_a_use[:, None])
             l_me = l_me * alpha + gl.sum(p, 1)
-            mbarrier.wait(pb_done, ph)  # both warpgroups have read the last pair's P of B
+            # the P buffer is free: its last reader was this warpgroup's PV MMA of the last
+            # B (waited), and warpgroup 1 stored that P before pb_ready (waited)
             p_smem.store(p.to(gl.bfloat16))
             m_a_smem.store(gl.convert_layout(m_a, vec_l))
             fence_async_shared()
@@ -123,9 +295,10 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             acc = warpgroup_mma(p_smem, kv_a.slice(0, HALF, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            gl.thread_barrier()  # the warpgroup's MMA is done with A's P and stage
+            gl.thread_barrier()  # the warpgroup's MMAs are done with A's P, rope, left half
             mbarrier.arrive(pa_done, count=1)
             mbarrier.arrive(empty.index(0), count=1)
+            mbarrier.arrive(empty.index(1), count=1)
             mbarrier.wait(pb_ready, ph)  # B's P and the pair's row max
             m_b = gl.convert_layout(m_b_smem.load(vec_l), row_s)
             beta = gl.exp2(m_a_use - gl.where(m_b == NEG, 0.0, m_b))
@@ -134,17 +307,19 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
             if has_b:
                 acc = warpgroup_mma(p_smem, kv_b.slice(0, HALF, dim=1), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                gl.thread_barrier()  # the warpgroup's MMA is done with B's left half
+                mbarrier.arrive(empty.index(4), count=1)
         else:
             bits = _tile_ids(bt_row, n_b, end, has_b, num_pages, oob_row, TILE, PAGE)[4]
             if has_b:
-                mbarrier.wait(ready.index(1), ph)
                 if n_b + TILE > end:
+                    _wait_tile(ready, 1 - st_a, ph)
                     _zero_tail(kv_b, end - n_b, zero_l, TILE, DV)
             # staggered: B's score MMA runs under warpgroup 0's softmax of A (without B,
             # it reads a stage no copy fills and every score is masked)
             mbarrier.wait(sa_done, ph)
-            s = _seesaw_scores(q_smem, qpe_smem, kv_b, pe_b, s_layout,
-                               BLOCK_H, TILE)
+            s = _seesaw_scores(q_smem, qpe_smem, kv_b, pe_b, ready, 1 - st_a, ph, has_b,
+                               s_layout, BLOCK_H, TILE)
             mbarrier.wait(pa_ready, ph)  # A's P and row max
             m_a = gl.convert_layout(m_a_smem.load(vec_l), row_s)
             m_a_use = gl.where(m_a == NEG, 0.0, m_a)
@@ -158,25 +333,21 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
             m_b_use = gl.where(m_b == NEG, 0.0, m_b)
             p = gl.exp2(s - m_b_use[:, None])
             l_me = l_me * gl.exp2(m_old - m_b_use) + gl.sum(p, 1)
+            p16 = p.to(gl.bfloat16)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            gl.thread_barrier()  # the warpgroup's MMA is done with A's P and stage
-            mbarrier.arrive(pa_done, count=1)
-            mbarrier.arrive(empty.index(0), count=1)
-            mbarrier.wait(pa_done, ph)  # warpgroup 0's MMA is done with A's P as well
-            p_smem.store(p.to(gl.bfloat16))
-            m_b_smem.store(gl.convert_layout(m_b, vec_l))
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(pb_ready, count=1)
+            gl.thread_barrier()  # the warpgroup's MMA is done with A's right half
+            mbarrier.arrive(empty.index(2), count=1)
             acc = acc * gl.convert_layout(gl.exp2(m_a_use - m_b_use), row_o)[:, None]
+            # P_B to warpgroup 0 first (no register of an in-flight MMA read), then B's
+            # PV MMA with P_B from registers
+            _give_p_b(p16, m_b, p_smem, m_b_smem, pa_done, pb_ready, ph, vec_l)
             if has_b:
-                acc = warpgroup_mma(p_smem, kv_b.slice(HALF, HALF, dim=1), acc,
-                                    is_async=True)
+                acc = warpgroup_mma(gl.convert_layout(p16, p_op),
+                                    kv_b.slice(HALF, HALF, dim=1), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()  # the warpgroup's MMAs are done with B's P and stage
-        mbarrier.arrive(pb_done, count=1)
-        if has_b:
-            mbarrier.arrive(empty.index(1), count=1)
+                gl.thread_barrier()  # the warpgroup's MMAs are done with B's right half, rope
+                mbarrier.arrive(empty.index(5), count=1)
+                mbarrier.arrive(empty.index(3), count=1)
         m_old = m_b
 
     # the row sums: each warpgroup's own (at the final row max), then both
@@ -195,27 +366,27 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
 
 @gluon.jit
 def _seesaw_wg0(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-                empty, pa_ready, pb_ready, pa_done, pb_done, sa_done, fin_bar, q_bar, bt_row,
-                start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
-                pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+                empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
+                end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
+                heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                 BLOCK_H: gl.constexpr, TILE: gl.constexpr, PAGE: gl.constexpr,
                 DV: gl.constexpr, QLEN: gl.constexpr):
     _seesaw_wg(0, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-               empty, pa_ready, pb_ready, pa_done, pb_done, sa_done, fin_bar, q_bar, bt_row,
-               start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
-               pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+               empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
+               end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
+               heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                BLOCK_H, TILE, PAGE, DV, QLEN)
 
 
 @gluon.jit
 def _seesaw_wg1(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-                empty, pa_ready, pb_ready, pa_done, pb_done, sa_done, fin_bar, q_bar, bt_row,
-                start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
-                pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+                empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
+                end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
+                heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                 BLOCK_H: gl.constexpr, TILE: gl.constexpr, PAGE: gl.constexpr,
                 DV: gl.constexpr, QLEN: gl.constexpr):
     _seesaw_wg(1, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-               empty, pa_ready, pb_ready, pa_done, pb_done, sa_done, fin_bar, q_bar, bt_row,
-               start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
-               pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+               empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
+               end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
+               heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                BLOCK_H, TILE, PAGE, DV, QLEN)

@@ -75,10 +75,10 @@ LATENT_WIDE_TWO_WAVES_MIN_TOKENS = 8192
 #: heads x 2 tokens b32 x 393,216 (one wave: 4) and 12-16 heads x 2 tokens b8 x 393,216
 #: (16) keep their two waves: within 1% of the one wave at b32, 0.93-1.03x at b8)
 LATENT_WIDE_TWO_WAVES_MIN_SPLITS = 4
-#: ... but 2 for the Gluon tile's seesaw (bf16 latents in 64-token pages, session 23): its
-#: tune has 128 heads b32 x 32,768 / 65,536 best at the two waves' 4 splits, the one
-#: wave's 2 at 1.024x / 1.031x their time (b32 x 16,384 keeps one wave: 4,096 tokens a
-#: split)
+#: ... but 2 for the Gluon tile's seesaw (bf16 latents; measured in 64-token pages, session
+#: 23, taken at every page size the seesaw serves): its tune has 128 heads b32 x 32,768 /
+#: 65,536 best at the two waves' 4 splits, the one wave's 2 at 1.024x / 1.031x their time
+#: (b32 x 16,384 keeps one wave: 4,096 tokens a split)
 SEESAW_TWO_WAVES_MIN_SPLITS = 2
 #: ... and at contexts of at least this many tokens it splits at least in two (merged by
 #: the last program where the tile merges), unless its grid is this many waves unsplit:
@@ -547,10 +547,9 @@ def gluon_fits(key: DecodeKey) -> bool:
 
 
 def seesaw_key(key: DecodeKey) -> bool:
-    """Whether the Gluon stage 1 runs ``key`` as its seesaw (a bf16 latent in pages of its
-    64-token tile; ``gluon_mla.seesaw``)."""
-    return (gluon_fits(key) and key.kv_dtype == "bfloat16"
-            and key.page_size == GLUON_TILE_TOKENS)
+    """Whether the Gluon stage 1 runs ``key`` as its seesaw (a bf16 latent, at every page
+    size it takes; ``gluon_mla.seesaw``)."""
+    return gluon_fits(key) and key.kv_dtype == "bfloat16"
 
 
 def gluon_config(splits: int) -> DecodeConfig:
