@@ -24,12 +24,11 @@ memory. Per pair (A = tile 2j in stage 0, B = 2j + 1 in stage 1; ``ph = j & 1``)
     P_A, m_a to shared memory;
     arrive pa_ready ----------------->   wait pa_ready; rescale O; PV A (right half) ...
     PV A (left half); wait               wait score B; softmax B (m_b over m_a)
-    arrive pa_done, empty[0], empty[1]   wait PV A; arrive empty[2]
-                                         rescale O; PV B (right half, P_B in registers) ...
+    arrive pa_done, empty[0], empty[1]   wait PV A; arrive empty[2]; rescale O
                                    ---> wait pa_done; P_B, m_b to shared memory
     wait pb_ready <------------------    arrive pb_ready
-    rescale O; PV B (left half); wait    wait PV B; arrive empty[5], empty[3]
-    arrive empty[4]
+    rescale O; PV B (left half); wait    PV B (right half, P_B in registers); wait
+    arrive empty[4]                      arrive empty[5], empty[3]
 
 The protocol. Every mbarrier completes once a pair, or once a lap of its stage (``j`` for
 both stages: A is a stage 0 lap, B a stage 1 lap); its waiters wait parity ``j & 1``, the
@@ -48,7 +47,8 @@ first lap copies at once); and none can complete a phase twice ahead of its wait
     empty[5] B right (1)  wg1, PV MMA of B waited (with B)        copy warp, B's right
     sa_done (1)           wg0, score MMA of A waited              wg1, score MMA of B
     pa_ready (1)          wg0, P_A and m_a stored                 wg1, m_a, PV MMA of A
-    pa_done (1)           wg0, PV MMA of A waited                 wg1, storing P_B
+    pa_done (1)           wg0, PV MMA of A waited                 wg1, storing P_B (then
+                                                                  its PV MMA of B)
     pb_ready (1)          wg1, P_B and m_b stored (every pair)    wg0, m_b, PV MMA of B
     fin_bar (2)           both, row sums stored (phase 0)         both
 
@@ -63,14 +63,12 @@ Points that hold it together:
   ``pa_done`` (warpgroup 0's PV MMA of A is done with P_A; its own was waited), and the
   row-max slots are ordered the same way (m_a read before ``pb_ready``, m_b read before
   ``pa_done`` of the next pair).
-- **Warpgroup 1 stores P_B while its PV MMA of B is in flight**: the store reads the bf16
-  registers the MMA takes as its A operand (the conversion to the dot-operand layout is a
-  register renaming) and writes none. ptxas compiles it with no wait and no warning (the
-  sm_90a SASS: ``STSM`` from the registers the four ``HGMMA.64x256x16`` name, then the
-  ``WARPGROUP.DEPBAR``); its serialization warnings are for instructions that define an
-  in-flight MMA's registers (C7515) or read its accumulator (C7514). The PTX ISA calls
-  any access to an in-flight A fragment undefined, so this is the point to watch on the
-  GPU (the fallback: store P_B after ``pa_done`` and before issuing the MMA).
+- **Warpgroup 1 stores P_B before it issues its PV MMA of B**, not while it runs: the
+  store reads the bf16 registers the MMA takes as its A operand (the conversion to the
+  dot-operand layout is a register renaming), and the PTX ISA calls any access to an
+  in-flight wgmma's A fragment undefined. (The form that stored P_B under the MMA
+  compiled with no wait and no warning and passed the GPU tests, but ran 1.01-1.04x this
+  one's time in session 25's A/B: it waited ``pa_done`` with the MMA in flight.)
 - **Constant empty indices**: A is always stage 0 and B stage 1 (the copy warp puts tile
   ``i`` in stage ``i % 2`` from ``i = 0``, pairs are tiles ``2j, 2j + 1``), so the
   warpgroups arrive on ``empty[0..2]`` for A and ``empty[3..5]`` for B as constants; the
@@ -85,9 +83,9 @@ Points that hold it together:
   the split's end in shared memory (fenced, behind the warpgroup's barrier) before its
   score MMA; the other warpgroup reads that tile's V only after ``pa_ready`` / ``pb_ready``.
   The blocks' arrival implies the stage's previous readers released every part.
-- **The PV MMA of B in flight across no join**: the MMA, the P_B exchange and the wait sit
-  in one ``if has_b`` branch (the exchange repeated in the other), so no in-flight
-  accumulator passes through a branch's merge.
+- **The PV MMA of B in flight across no join**: the MMA and its wait sit in one ``if
+  has_b`` branch (the P_B exchange before it, on every pair), so no in-flight accumulator
+  passes through a branch's merge.
 """
 
 from __future__ import annotations
