@@ -43,7 +43,7 @@ QUANT_TILE = 256
 QUANT_SMALL_TOKENS = 64
 # Decode-step writes (2..64 tokens) over more than MANY_HEADS kv heads: MANY_HEADS_ROWS rows
 # per program, tiles of MANY_HEADS_TILE elements per operand (fp8: below), warps by tile.
-# H200 full-space tune on the session-11 kernels (55 heads x 96, the ouro preset): bf16 8
+# H200 full-space tune on the session-11 kernels (55 heads x 96, the huginn preset): bf16 8
 # tokens best at 2 heads x 4 rows (the 16-head x 1-row heuristic took 1.25x), 64 tokens
 # within 2% of the best at 2 x 4 (16 x 1: 1.33x). At 8 and 16 heads the existing rules
 # stay within 10% of the best (bench/results/nvidia-h200/session11/h200.sqlite).
