@@ -18,6 +18,14 @@ def rand_nonzero(gen: torch.Generator, *shape: int, dtype: torch.dtype, device: 
     return ((x + torch.where(x >= 0, 0.25, -0.25)) * spread).to(dtype).to(device)
 
 
+def fp8_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of fp8 ``t`` with every NaN as 0x7f: IEEE leaves a NaN's sign to the
+    arithmetic (a GPU's multiply returns its canonical NaN, the CPU's cast keeps -NaN's
+    sign), so only NaN-ness is compared."""
+    b = t.view(torch.uint8)
+    return torch.where(b & 0x7F == 0x7F, 0x7F, b)
+
+
 def write_masks(device: Any, tokens: int, masking: str, seed: int = 7) -> tuple[Any, Any]:
     """``(row_mask, active_rows)`` for ``masking`` ("none", "row_mask", "active_rows",
     "both"): a random mask keeping the first and last row, 11 active rows."""

@@ -181,9 +181,9 @@ def heuristic(key: KVWriteKey) -> KVWriteConfig:
         block_h = 1 if key.tokens > 1 else min(max(1, QUANT_TILE // block_d),
                                                triton.next_power_of_2(key.num_kv_heads))
         tile = block_t * block_h * block_d
-        warps = ladder(QUANT_WARPS_BY_TILE, tile)
-        if key.tokens == 1:  # one row: its latency is a thread's chain of values, 2 each
-            warps = max(1, min(8, tile // (32 * QUANT_MIN_PER_THREAD)))
+        # one row: its latency is a thread's chain of values, 2 each
+        warps = (max(1, min(8, tile // (32 * QUANT_MIN_PER_THREAD))) if key.tokens == 1
+                 else ladder(QUANT_WARPS_BY_TILE, tile))
         return KVWriteConfig(variant="fused", block_h=block_h, block_t=block_t,
                              num_warps=warps, pdl=pdl_capable(key))
     per_row = max(1, min(BLOCK_H_MAX, ladder(TILE_BY_TOKENS, key.tokens) // block_d))
