@@ -5,7 +5,8 @@ on a machine without a GPU and report ptxas's registers and spills and the share
         [--page 16,32,64] [--balance] [--kv bf16,fp8] [--dump DIR]
 
 ``--balance`` compiles the balanced grid's variant (twice the splits in the grid: every
-program scans the batch's lengths); ``--kv fp8`` the fp8 (e4m3) latent's variant, with its
+program scans the batch's lengths); ``--plan`` the work plan's (each program reads its
+item's request and token range); ``--kv fp8`` the fp8 (e4m3) latent's variant, with its
 scale tensors. Prints one JSON line per (cache dtype, page size, heads x QLEN, split
 count); exits 1 when a compile fails, the two warpgroups' code spills (the seesaw's, bf16
 latents: more than ``SEESAW_SPILL_LIMIT`` bytes), the copy warp's spills more
@@ -51,11 +52,13 @@ SEESAW_SPILL_LIMIT = 160
 
 
 def compile_stage1(splits: int, arch: int = 90, heads: int = 128, qlen: int = 1,
-                   page: int = 64, balance: bool = False, kv: str = "bf16"):
+                   page: int = 64, balance: bool = False, kv: str = "bf16",
+                   plan: bool = False):
     """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
     grid and the integer specializations; the descriptors' block shapes, the dtypes and
     the alignment are what count). ``qlen`` > 1: a 4-D q; ``page``: the cache's page size;
-    ``balance``: a grid of twice the splits; ``kv``: ``"bf16"`` or ``"fp8"`` (scaled)."""
+    ``balance``: a grid of twice the splits; ``kv``: ``"bf16"`` or ``"fp8"`` (scaled);
+    ``plan``: the work plan's variant (items in the grid's second axis)."""
     g = 2 * splits if balance else splits
     b, h = 2, heads
     shape = (b, h) if qlen == 1 else (b, qlen, h)
@@ -70,10 +73,11 @@ def compile_stage1(splits: int, arch: int = 90, heads: int = 128, qlen: int = 1,
     ws = torch.empty(b * r * g * (G.DV + 1))
     po = ws[:b * r * g * G.DV].view(b, r, g, G.DV)
     pl = ws[b * r * g * G.DV:].view(b, r, g)
+    wp = torch.empty(64, dtype=torch.int32) if plan else None
     grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, g, scale,
-                                          scale)
+                                          scale, wp, 8)
     return compile_launch(KernelLaunch(G._gluon_mla_stage1, grid, args, kw,
-                                       G.launch_options(fp8, page)), arch)
+                                       G.launch_options(fp8)), arch)
 
 
 def wgmma_serialized(log: str) -> bool:
@@ -129,7 +133,7 @@ def ptxas_report(kernel, arch: int = 90) -> dict:
 
 def failed(rep: dict) -> bool:
     """Whether a report breaks the tool's bounds (see the module docstring)."""
-    if G.seesaw(rep["kv"] == "fp8", rep["page"]):
+    if G.seesaw(rep["kv"] == "fp8"):
         spills = rep["spill_store_bytes"] > SEESAW_SPILL_LIMIT
     else:
         spills = (rep["warpgroup_spill_stores"] > 0
@@ -143,6 +147,7 @@ def main() -> int:
     ap.add_argument("--rows", default="128x1", help="HEADSxQLEN list, e.g. 128x1,16x2")
     ap.add_argument("--page", default="64", help="cache page sizes, e.g. 16,32,64")
     ap.add_argument("--balance", action="store_true", help="the balanced grid's variant")
+    ap.add_argument("--plan", action="store_true", help="the work plan's variant")
     ap.add_argument("--kv", default="bf16", help="cache dtypes: bf16, fp8 or bf16,fp8")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
     args = ap.parse_args()
@@ -153,9 +158,10 @@ def main() -> int:
                               for pg in pages for hq in shapes
                               for x in args.splits.split(",")):
         tag = {"kv": kv, "page": pg, "heads": h, "qlen": t, "splits": s,
-               "balance": args.balance}
+               "balance": args.balance, "plan": args.plan}
         try:
-            k = compile_stage1(s, heads=h, qlen=t, page=pg, balance=args.balance, kv=kv)
+            k = compile_stage1(s, heads=h, qlen=t, page=pg, balance=args.balance, kv=kv,
+                               plan=args.plan)
         except Exception as exc:  # noqa: BLE001 - report, exit 1
             print(json.dumps({**tag, "error": str(exc)[:4000]}))
             bad += 1

@@ -190,7 +190,7 @@ def test_the_gluon_tile_is_fixed_and_the_tuner_times_it_at_every_split_count():
         assert not spec.is_valid(key, spec.gluon_config(2).model_copy(update=change)), change
     cands = OP.tuning.candidates(key)
     assert cands[0] == spec.gluon_config(2)
-    gluon = [c.num_kv_splits for c in cands if c.kernel == "gluon"]
+    gluon = [c.num_kv_splits for c in cands if c.kernel == "gluon" and not c.plan]
     assert {1, 2, 4} <= set(gluon) and len(gluon) == len(set(gluon))
     # the Triton tile at the heuristic's split count is timed beside it
     assert any(c.kernel == "triton" and c.block_h == 64 and c.num_kv_splits == 2
@@ -247,8 +247,8 @@ def test_the_seesaw_rule_is_the_same_for_keys_and_calls():
             key = _key(page_size=page, kv_dtype=kv)
             assert spec.gluon_fits(key)
             got, fp8 = spec.seesaw_key(key), kv == "float8_e4m3fn"
-            assert got == G.seesaw(fp8, page), (page, kv)
-            assert G.launch_options(fp8, page)["num_warps"] == (4 if got else 8)
+            assert got == G.seesaw(fp8), (page, kv)
+            assert G.launch_options(fp8)["num_warps"] == (4 if got else 8)
             seen.add((page, kv, got))
     assert {(p, kv) for p, kv, s in seen if s} == {(p, "bfloat16")
                                                    for p in spec.GLUON_PAGE_SIZES}

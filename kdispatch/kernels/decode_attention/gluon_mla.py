@@ -104,13 +104,13 @@ SEESAW_WG_REGS = 240
 
 @gluon.jit
 def _gluon_mla_stage1(
-    q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL, KS, VS,
+    q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL, KS, VS, WP,
     qk_scale, max_len, num_pages, heads,
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
     DV: gl.constexpr, DPE: gl.constexpr, GRID_SPLITS: gl.constexpr, num_warps: gl.constexpr,
     QLEN: gl.constexpr = 1, BLOCK_N: gl.constexpr = 64, KV_FP8: gl.constexpr = False,
-    KV_SCALED: gl.constexpr = False,
+    KV_SCALED: gl.constexpr = False, PLAN: gl.constexpr = False,
 ):
     # a bf16 latent: the seesaw (two 4-warp warpgroups, each scoring every other tile);
     # fp8: both warpgroups on each tile (its bytes converted per tile)
@@ -122,23 +122,32 @@ def _gluon_mla_stage1(
     TILE: gl.constexpr = BLOCK_N
     STAGES: gl.constexpr = 2
     pid_h = gl.program_id(0)
-    b = gl.program_id(1)
-    split = gl.program_id(2)
     smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
-
-    # the request's token range of this split: _split_range with BLOCK_N = 64 (from
-    # seq_len: with QLEN > 1 the rows' own ends only mask), balanced as it is
-    seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
-    chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, GRID_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
-    if GRID_SPLITS > NUM_KV_SPLITS:
-        mean = _mean_len(SL, max_len, gl.num_programs(1), num_warps)
-        chunk = gl.maximum(chunk, gl.cdiv(gl.cdiv(mean, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N)
-    start = split * chunk
-    end = gl.minimum(start + chunk, seq_len)
+    if PLAN:  # the work plan's item (work_plan.py): its request and token range; its
+        # partials go to slot ``item`` (the launcher passes zero batch strides)
+        split = gl.program_id(1)
+        b = gl.load(WP + split * 3)
+        if b < 0:  # an unused item
+            return
+        start = gl.load(WP + split * 3 + 1)
+        end = gl.load(WP + split * 3 + 2)
+        seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
+    else:
+        b = gl.program_id(1)
+        split = gl.program_id(2)
+        # the request's token range of this split: _split_range with BLOCK_N = 64 (from
+        # seq_len: with QLEN > 1 the rows' own ends only mask), balanced as it is
+        seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
+        chunk = gl.maximum(gl.cdiv(gl.cdiv(seq_len, GRID_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
+        if GRID_SPLITS > NUM_KV_SPLITS:
+            mean = _mean_len(SL, max_len, gl.num_programs(1), num_warps)
+            chunk = gl.maximum(chunk, gl.cdiv(gl.cdiv(mean, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N)
+        start = split * chunk
+        end = gl.minimum(start + chunk, seq_len)
+        if split > 0 and end <= start:  # an empty split: leaves before its TMA setup
+            return
     n_tiles = gl.maximum(gl.cdiv(end - start, TILE), 0)
-    if split > 0 and n_tiles == 0:  # an empty split: leaves before its TMA setup
-        return
     bt_row = BT + b * stride_btb
     oob_row = num_pages * PAGE  # a copy from here on is all out of bounds: zeros, no read
 
@@ -250,16 +259,16 @@ def is_fp8(kv_cache) -> bool:
     return kv_cache.dtype == torch.float8_e4m3fn
 
 
-def seesaw(kv_fp8: bool, page: int) -> bool:
+def seesaw(kv_fp8: bool) -> bool:
     """Whether the stage 1 runs as the seesaw: a bf16 latent, at every page size (its
     stages released in parts, so the second stage's copy starts before the pair ends)."""
     return not kv_fp8
 
 
-def launch_options(kv_fp8: bool, page: int) -> dict:
+def launch_options(kv_fp8: bool) -> dict:
     """The stage 1's launch options: its warps (the seesaw's first warpgroup, its default
     partition; else both warpgroups) and ``maxnreg`` (:data:`MAXNREG`)."""
-    return {"num_warps": 4 if seesaw(kv_fp8, page) else 8, "maxnreg": MAXNREG}
+    return {"num_warps": 4 if seesaw(kv_fp8) else 8, "maxnreg": MAXNREG}
 
 
 def descriptors(q, kv_cache):
@@ -284,27 +293,32 @@ def descriptors(q, kv_cache):
 
 
 def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
-                       grid_splits=None, k_scale=None, v_scale=None):
+                       grid_splits=None, k_scale=None, v_scale=None, wp=None, items=0):
     """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
     ``(cdiv(QLEN * H, 64), B, grid_splits)``, partials ``po``
     ``[B, QLEN * H, grid_splits, 512]`` and ``pl`` ``[B, QLEN * H, grid_splits]`` (row
     ``head * QLEN + token``); ``grid_splits`` (default ``num_kv_splits``) above
     ``num_kv_splits`` balances ragged lengths. An fp8 latent (``KV_FP8``) is dequantized
-    with ``k_scale`` / ``v_scale`` (one-element fp32 device tensors) when given."""
+    with ``k_scale`` / ``v_scale`` (one-element fp32 device tensors) when given. With a
+    work plan ``wp`` of ``items`` items (work_plan.py): grid ``(cdiv(QLEN * H, 64), items,
+    1)`` and partials ``[1, QLEN * H, items, 512]`` / ``[1, QLEN * H, items]``."""
     grid_splits = grid_splits or num_kv_splits
     b, t, h, _ = q_dims(q)
     page = kv_cache.shape[1]
     qd, qpd, kd, ped, _ = descriptors(q, kv_cache)
     scaled = k_scale is not None
+    planned = wp is not None
     args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl,
             k_scale if scaled else seq_lens, v_scale if scaled else seq_lens,
-            float(scale) * LOG2E,
+            wp if planned else seq_lens, float(scale) * LOG2E,
             block_table.shape[1] * page, kv_cache.shape[0], h, block_table.stride(0),
-            po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1))
+            0 if planned else po.stride(0), po.stride(1), po.stride(2),
+            0 if planned else pl.stride(0), pl.stride(1))
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": page, "DV": DV,
           "DPE": DPE, "QLEN": t, "BLOCK_N": BLOCK_N, "GRID_SPLITS": grid_splits,
-          "KV_FP8": is_fp8(kv_cache), "KV_SCALED": scaled}
-    return (-(-(t * h) // BLOCK_H), b, grid_splits), args, kw
+          "KV_FP8": is_fp8(kv_cache), "KV_SCALED": scaled, "PLAN": planned}
+    rows = -(-(t * h) // BLOCK_H)
+    return ((rows, items, 1) if planned else (rows, b, grid_splits)), args, kw
 
 
 def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -318,7 +332,7 @@ def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     lengths, no window, no logit cap, and the Gluon tile itself."""
     if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
         return False
-    if config != gluon_config(int(config.num_kv_splits)):
+    if config != gluon_config(int(config.num_kv_splits), bool(config.plan)):
         return False
     rows, page = k_cache.stride(1), k_cache.shape[1]
     return (q.dtype == torch.bfloat16 and k_cache.dtype in GLUON_CACHE_DTYPES

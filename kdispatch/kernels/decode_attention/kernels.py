@@ -422,19 +422,27 @@ def _decode_reduce(
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
     SLIDING: tl.constexpr, USE_PDL: tl.constexpr, QLEN: tl.constexpr,
-    GRID_SPLITS: tl.constexpr,
+    GRID_SPLITS: tl.constexpr, PLAN: tl.constexpr = False,
 ):
     row = tl.program_id(0)  # head * QLEN + token
     d_blk = tl.program_id(1)
     b = tl.program_id(2)
-    _, live, chunk, _, _ = _split_range(SL, b, stride_sl, window, max_len, 0,
-                                        tl.num_programs(2), NUM_KV_SPLITS, BLOCK_N, SLIDING,
-                                        QLEN, GRID_SPLITS)
-    n_valid = tl.cdiv(live, chunk)  # splits that hold tokens; the rest were never written
+    if PLAN:  # SL is the work plan's per-request rows: (first item, items); the partials
+        # are one slot per item (work_plan.py)
+        first = tl.load(SL + b * stride_sl)
+        n_valid = tl.load(SL + b * stride_sl + 1)
+        pl = PL + row * stride_plh + first
+        po = PO + row * stride_poh + first * stride_pos
+    else:
+        _, live, chunk, _, _ = _split_range(SL, b, stride_sl, window, max_len, 0,
+                                            tl.num_programs(2), NUM_KV_SPLITS, BLOCK_N,
+                                            SLIDING, QLEN, GRID_SPLITS)
+        n_valid = tl.cdiv(live, chunk)  # splits that hold tokens; the rest never written
+        pl = PL + b * stride_plb + row * stride_plh
+        po = PO + b * stride_pob + row * stride_poh
     if USE_PDL:  # seq_lens predate stage 1; its partials are readable after the wait
         tl.extra.cuda.gdc_wait()
 
-    pl = PL + b * stride_plb + row * stride_plh
     offs_s = tl.arange(0, SPLITS_P2)
     lse = tl.load(pl + offs_s, mask=offs_s < n_valid, other=float("-inf"))
     m = tl.max(lse, 0)
@@ -443,7 +451,6 @@ def _decode_reduce(
 
     offs_d = d_blk * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_mask = offs_d < DV
-    po = PO + b * stride_pob + row * stride_poh
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for s0 in range(0, n_valid, SPLIT_CHUNK):
         offs_c = s0 + tl.arange(0, SPLIT_CHUNK)

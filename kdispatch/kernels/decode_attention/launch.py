@@ -30,6 +30,9 @@ from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, glu
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
 from kdispatch.kernels.decode_attention.spec import grid_splits, resident_per_sm, tile_smem
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
+from kdispatch.kernels.decode_attention.work_plan import (plan_buffer, plan_items, plan_launch,
+                                                          plan_parts)
+from kdispatch.kernels.decode_attention.zero_row import _ZERO_ROWS, zero_row
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
 from kdispatch.tensor_guard import layout_guard
@@ -84,6 +87,7 @@ class Plan:
     log2e_scale: float                                # multiplies ``scale`` into qk_scale
     capped: bool
     gluon: bool = False          # stage 1 is the Gluon kernel (always split into partials)
+    plan_parts: int = 0          # the Gluon stage 1's work plan: its parts (0: none)
 
 
 def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, shared: bool,
@@ -102,6 +106,10 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     not the Triton latent 64-row tile (the length scan made ptxas spill 264-268 B there).
     """
     if gluon:
+        if config.plan:  # one program per item of the device's work plan (work_plan.py)
+            return _gluon_plan(config, b, hq, dv, q_len, q4d, page, 0, kv_fp8,
+                               kv_fp8 and scaled, plan_parts(int(config.num_kv_splits),
+                                                             cu_count, -(-q_len * hq // 64)))
         g = (grid_splits(int(config.num_kv_splits), b, hq * q_len, dv, table_tokens,
                          int(config.block_n)) if balance and b > 1 else 0)
         return _gluon_plan(config, b, hq, dv, q_len, q4d, page, g, kv_fp8, kv_fp8 and scaled)
@@ -165,23 +173,29 @@ def _reduce_plan(config: Any, b: int, hq: int, dv: int, q_len: int, sliding: boo
 
 def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
                 page: int = 64, g: int = 0, kv_fp8: bool = False,
-                scaled: bool = False) -> Plan:
+                scaled: bool = False, parts: int = 0) -> Plan:
     """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
     latent tile orders them; 64-token tiles of ``64 // page`` cache pages; an fp8 latent
     converted per tile, with its scales when ``scaled``) and the reduce, over ``g`` grid
-    splits (0: the config's count)."""
+    splits (0: the config's count); with ``parts``, over the items of a work plan of that
+    many parts instead (one partial slot per item; a request merges at most ``parts``)."""
     splits = int(config.num_kv_splits)
     g = g or splits
+    items = plan_items(parts, b) if parts else 0
+    reduce = _reduce_plan(config, b, hq, dv, q_len, False, False, parts or g)
+    if parts:
+        reduce["reduce_constexprs"]["PLAN"] = True
     return Plan(
-        latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), b, g),
+        latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), items or b,
+                           1 if parts else g),
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
                         PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n),
-                        GRID_SPLITS=g, KV_FP8=kv_fp8, KV_SCALED=scaled),
-        options=launch_options(kv_fp8, page),
-        **_reduce_plan(config, b, hq, dv, q_len, False, False, g),
+                        GRID_SPLITS=g, KV_FP8=kv_fp8, KV_SCALED=scaled, PLAN=bool(parts)),
+        options=launch_options(kv_fp8),
+        **reduce,
         out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
-        partials_shape=(b, hq * q_len, g, dv), counters_shape=None, log2e_scale=LOG2E,
-        capped=False, gluon=True)
+        partials_shape=(1, hq * q_len, items, dv) if parts else (b, hq * q_len, g, dv),
+        counters_shape=None, log2e_scale=LOG2E, capped=False, gluon=True, plan_parts=parts)
 
 
 def _partials_strides(p: Plan) -> tuple[int, ...]:
@@ -242,27 +256,6 @@ def _workspace(p: Plan, q: torch.Tensor) -> tuple[Any, Any, Any]:
     return po, pl, cnt
 
 
-_ZERO_ROWS: dict[tuple[Any, Any], torch.Tensor] = {}
-
-
-def zero_row(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    """A row of zeros as wide as the widest cache row, in the caches' dtype on their device,
-    never written: where the generic stage 1, and the latent stage 1 at its 64-row tiles,
-    point the rows of a page id outside the cache (narrower latent tiles mask those loads).
-
-    Kept per (device, dtype) and reused. Under CUDA-graph capture a new one is made for the
-    graph (its zero fill is captured with it) and not kept: its memory is the graph's.
-    """
-    n = max(k_cache.shape[3], v_cache.shape[3])
-    z = _ZERO_ROWS.get((k_cache.device, k_cache.dtype))
-    if z is not None and z.numel() >= n:
-        return z
-    z = torch.zeros(max(n, 1024), dtype=k_cache.dtype, device=k_cache.device)
-    if not (k_cache.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _ZERO_ROWS[(k_cache.device, k_cache.dtype)] = z
-    return z
-
-
 def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
              scale: float, logit_cap: float, window: int, k_scale: Any = None,
@@ -271,21 +264,29 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     freshly allocated workspace (and, for a Triton stage 1, :func:`zero_row` unless
     ``zeros`` is given; the Gluon stage 1 reads none)."""
     po, pl, cnt = _workspace(p, q)
+    out_launches, wp, sl = [], None, seq_lens
+    if p.plan_parts:  # the work plan first; the reduce reads its per-request rows
+        items = p.grid[1]
+        wp = plan_buffer(seq_lens, items)
+        out_launches.append(plan_launch(seq_lens, wp, block_table.shape[1] * k_cache.shape[1],
+                                        p.plan_parts, items))
+        sl = wp[items * 3:].view(-1, 2)
     if p.gluon:
         _, args, _ = stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
                                         p.constexprs["NUM_KV_SPLITS"], po, pl,
                                         p.constexprs["GRID_SPLITS"],
                                         k_scale if p.constexprs["KV_SCALED"] else None,
-                                        v_scale if p.constexprs["KV_SCALED"] else None)
-        out_launches = [KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs, p.options)]
+                                        v_scale if p.constexprs["KV_SCALED"] else None, wp,
+                                        p.grid[1])
+        out_launches.append(KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs,
+                                         p.options))
     else:
         zeros = zero_row(k_cache, v_cache) if zeros is None else zeros
-        out_launches = [_triton_stage1(p, q, k_cache, v_cache, block_table, seq_lens, out,
-                                       scale, logit_cap, window, k_scale, v_scale, zeros,
-                                       po, pl, cnt)]
+        out_launches.append(_triton_stage1(p, q, k_cache, v_cache, block_table, seq_lens, out,
+                                           scale, logit_cap, window, k_scale, v_scale, zeros,
+                                           po, pl, cnt))
     if p.reduce_grid is not None:
-        rargs = (seq_lens, po, pl, out,
-                 *reduce_args(p, k_cache, block_table, seq_lens, out, window))
+        rargs = (sl, po, pl, out, *reduce_args(p, k_cache, block_table, sl, out, window))
         out_launches.append(KernelLaunch(_decode_reduce, p.reduce_grid, rargs,
                                          p.reduce_constexprs or {}, p.reduce_options or {}))
     return out_launches
@@ -338,7 +339,7 @@ def checked_plan(config: Any, q: torch.Tensor, k_cache: torch.Tensor,
                                 logit_cap, config):
         # a call the Gluon tile cannot take (the interpreter, a logit cap, strides TMA
         # cannot address): the Triton latent stage 1 at the same tile and split count
-        config, gluon = config.model_copy(update={"kernel": "triton"}), False
+        config, gluon = config.model_copy(update={"kernel": "triton", "plan": False}), False
     return plan(config, b, hq, dk, page, hk, v_cache.shape[3], shares_latent(k_cache, v_cache),
                 q.dtype == torch.float32, sliding_window is not None, logit_cap > 0,
                 q_len, q.dim() == 4, k_cache.dtype in FP8_TORCH_DTYPES,

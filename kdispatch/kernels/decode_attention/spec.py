@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name, is_fp8, itemsize
 from kdispatch.kernels._common import pdl_capable
+from kdispatch.kernels.decode_attention.work_plan import plan_items, plan_parts
 from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
 
 MAX_SPLITS = 256
@@ -300,14 +301,19 @@ class DecodeConfig(OpConfig):
     #: the stage-1 kernel: ``"triton"``, or ``"gluon"`` (Hopper's warpgroup MMA and TMA page
     #: copies, for the 64-row MLA tiles that :func:`gluon_fits` names)
     kernel: Literal["triton", "gluon"] = "triton"
+    #: the Gluon stage 1 only: a work plan computed on the device from the lengths cuts
+    #: the batch into items of equal work, ``num_kv_splits`` per SM share (work_plan.py)
+    plan: bool = False
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        """``kernel`` is left out at its default, so a Triton config serializes (and its
-        stored digest stays) as before the field existed."""
+        """``kernel`` and ``plan`` are left out at their defaults, so a config serializes
+        (and its stored digest stays) as before those fields existed."""
         data = handler(self)
         if data.get("kernel") == "triton":
             del data["kernel"]
+        if not data.get("plan", True):
+            del data["plan"]
         return data
 
     @field_validator("block_n")
@@ -490,8 +496,6 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
     return max(1, splits)
 
 
-
-
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
     if gluon_fits(key) and key.rows >= GLUON_HEURISTIC_MIN_ROWS:
@@ -552,13 +556,30 @@ def seesaw_key(key: DecodeKey) -> bool:
     return gluon_fits(key) and key.kv_dtype == "bfloat16"
 
 
-def gluon_config(splits: int) -> DecodeConfig:
-    """The Gluon stage 1's config at ``splits`` (its tile is fixed: 64 rows, 64 tokens)."""
+def gluon_config(splits: int, plan: bool = False) -> DecodeConfig:
+    """The Gluon stage 1's config at ``splits`` (its tile is fixed: 64 rows, 64 tokens),
+    with the device-side work plan when ``plan``."""
     return DecodeConfig(kernel="gluon", num_kv_splits=splits, block_n=GLUON_TILE_TOKENS,
-                        block_h=GLUON_ROWS, num_warps=8, num_stages=2)
+                        block_h=GLUON_ROWS, num_warps=8, num_stages=2, plan=plan)
+
+
+#: items per SM share the tuner tries with the work plan (H200 session 26, ragged batches
+#: of 128 requests at 128 heads: 4 best at means 4k-16k, 8 at 32k, 2 and 1 behind)
+PLAN_SPLITS = (2, 4)
+
+
+def plan_workspace_bytes(key: DecodeKey, splits: int) -> int:
+    """The partials of a work plan (:mod:`work_plan`): ``plan_items`` slots a row."""
+    rows = key.q_len * key.num_q_heads
+    parts = plan_parts(splits, key.cu_count, -(-rows // GLUON_ROWS))
+    return plan_items(parts, key.batch) * rows * (key.head_dim_v + 1) * 4
 
 
 def is_valid(key: DecodeKey, config: DecodeConfig) -> bool:
+    if config.plan:  # the Gluon tile's; its items depend on the batch's lengths
+        return (config.kernel == "gluon" and not key.batch_invariant and gluon_fits(key)
+                and config == gluon_config(config.num_kv_splits, True)
+                and plan_workspace_bytes(key, config.num_kv_splits) <= WORKSPACE_BUDGET)
     if config.kernel == "gluon":
         return (gluon_fits(key) and config == gluon_config(config.num_kv_splits)
                 and workspace_bytes(key, config.num_kv_splits) <= WORKSPACE_BUDGET)

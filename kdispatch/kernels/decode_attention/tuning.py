@@ -72,6 +72,12 @@ class DecodeTuning(OpTuning):
                 if cfg not in seen and spec.is_valid(key, cfg):
                     seen.add(cfg)
                     out.append(((cfg != h, False, split_rank[s], 0), cfg))
+            # and over the device's work plan (batches of several requests), ranked with
+            # the heuristic's one-step variants
+            for s in spec.PLAN_SPLITS if key.batch > 1 else ():
+                cfg = spec.gluon_config(s, plan=True)
+                if spec.is_valid(key, cfg):
+                    out.append(((cfg != h, False, 1, 0), cfg))
         out.sort(key=lambda rc: rc[0])
         chosen = [c for _, c in out[:spec.MAX_CANDIDATES]]
         base = spec.baseline(key)

@@ -1,0 +1,147 @@
+"""The device-side work plan of the Gluon MLA stage 1 (work_plan.py) on the CPU: the plan
+kernel against its Python statement on ragged lengths (empty, around page and tile
+boundaries, past the table, negative, more requests than one block), the items' invariants,
+the reduce merging a plan's item partials, and the launch plan and config rules."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kdispatch.kernels.decode_attention import spec
+from kdispatch.kernels.decode_attention.kernels import _decode_reduce
+from kdispatch.kernels.decode_attention.launch import launches, plan
+from kdispatch.kernels.decode_attention.work_plan import (PLAN_TILE, plan_buffer, plan_items,
+                                                          plan_launch, reference_plan)
+
+MAX_LEN = 4096
+
+
+def _run_plan(lengths, parts, max_len=MAX_LEN):
+    sl = torch.tensor(lengths, dtype=torch.int32)
+    items = plan_items(parts, len(lengths))
+    wp = plan_buffer(sl, items).fill_(-7)  # every slot the kernel must write is garbage
+    plan_launch(sl, wp, max_len, parts, items).run()
+    rows = [tuple(r) if r[0] >= 0 else (-1, 0, 0) for r in wp[:items * 3].view(-1, 3).tolist()]
+    assert all(r[0] == -1 for r in wp[:items * 3].view(-1, 3).tolist() if r[0] < 0)
+    return rows, [tuple(r) for r in wp[items * 3:].view(-1, 2).tolist()]
+
+
+CASES = [([1, 15, 16, 17, 63, 64, 65, 0, 127, 128, 129, 4096], 8),
+         ([4096] * 4, 3),
+         ([0, 0, 0], 5),
+         ([64 * 7 + 1, 1], 5),
+         ([5000, -3, 100, 2 ** 30], 6),  # past the table and negative: clamped
+         ([1], 1)]
+
+
+@pytest.mark.parametrize("lengths, parts", CASES)
+def test_the_plan_kernel_is_its_python_statement(lengths, parts):
+    got = _run_plan(lengths, parts)
+    assert got == reference_plan(lengths, MAX_LEN, parts, plan_items(parts, len(lengths)))
+
+
+def test_more_requests_than_one_block_and_random_batches():
+    rnd = random.Random(3)
+    for batch, parts in ((1100, 64), (37, 16), (200, 132)):
+        lengths = [rnd.choice([0, 1, 63, 64, 65, rnd.randint(0, 3000)]) for _ in range(batch)]
+        got = _run_plan(lengths, parts)
+        assert got == reference_plan(lengths, MAX_LEN, parts, plan_items(parts, batch))
+
+
+@pytest.mark.parametrize("lengths, parts", CASES[:4])
+def test_items_tile_each_request_in_equal_whole_tile_chunks(lengths, parts):
+    """Each request's items are contiguous, start on tile boundaries, end at its clamped
+    length, hold at least one tile and at most ``ceil(total tiles / parts)``; empty
+    requests have none; the items number at most ``parts + batch``."""
+    rows, reqs = _run_plan(lengths, parts)
+    n = [min(max(x, 0), MAX_LEN) for x in lengths]
+    tiles = [-(-x // PLAN_TILE) for x in n]
+    chunk = max(1, -(-sum(tiles) // parts))
+    used = [r for r in rows if r[0] >= 0]
+    assert len(used) <= parts + len(lengths) and rows[len(used):] == [(-1, 0, 0)] * (
+        len(rows) - len(used))
+    for b, (first, k) in enumerate(reqs):
+        mine = rows[first:first + k]
+        assert k == (0 if n[b] == 0 else len(mine)) and all(r[0] == b for r in mine)
+        if not k:
+            continue
+        assert mine[0][1] == 0 and mine[-1][2] == n[b]
+        for (_, s0, e0), (_, s1, _) in zip(mine, mine[1:]):
+            assert e0 == s1 and s1 % PLAN_TILE == 0
+        sizes = [-(-(e - s) // PLAN_TILE) for _, s, e in mine]
+        assert min(sizes) >= 1 and max(sizes) <= chunk and max(sizes) - min(sizes) <= 1
+
+
+def test_the_reduce_merges_a_plans_item_partials():
+    """Request ``b``'s partials sit in its items' slots; the reduce (``PLAN``) merges
+    exactly those, in log2 space, and writes zeros for a request without items."""
+    g = torch.Generator().manual_seed(0)
+    rows, dv, items = 4, 32, 9
+    reqs = torch.tensor([[0, 3], [3, 0], [3, 1], [4, 5]], dtype=torch.int32)
+    po = torch.randn(1, rows, items, dv, generator=g)
+    pl = torch.randn(1, rows, items, generator=g) * 3
+    out = torch.empty(len(reqs), rows, dv)
+    _decode_reduce[(rows, 1, len(reqs))](
+        reqs, po, pl, out, 0, 0, 2, 0, items * dv, dv, 0, items, rows * dv, 0, dv,
+        DV=dv, BLOCK_DV=dv, BLOCK_N=64, NUM_KV_SPLITS=1, SPLITS_P2=16, SPLIT_CHUNK=8,
+        SLIDING=False, USE_PDL=False, QLEN=1, GRID_SPLITS=1, PLAN=True)
+    for b, (first, k) in enumerate(reqs.tolist()):
+        if k == 0:
+            assert out[b].abs().max() == 0
+            continue
+        w = torch.softmax(pl[0, :, first:first + k] * torch.log(torch.tensor(2.0)), -1)
+        want = (w[..., None] * po[0, :, first:first + k]).sum(1)
+        torch.testing.assert_close(out[b], want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_planned_gluon_launch_is_plan_then_stage_1_then_reduce():
+    """Grid ``(row blocks, parts + batch, 1)``, one partial slot per item, the reduce
+    reading the plan's per-request rows; the stage 1 gets the plan buffer and zero batch
+    strides for its partials."""
+    cfg = spec.gluon_config(2, plan=True)
+    b, hq = 3, 128
+    p = plan(cfg, b, hq, 576, 64, 1, 512, True, False, False, False, 1, False, False,
+             False, True, 4 * 64, True, 132)
+    parts = 2 * (132 // 2)
+    assert p.plan_parts == parts and p.grid == (2, parts + b, 1)
+    assert p.partials_shape == (1, hq, parts + b, 512) and p.reduce_constexprs["PLAN"]
+    assert p.constexprs["PLAN"] and p.reduce_grid == (hq, 1, b)
+    q = torch.zeros(b, hq, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(20, 64, 1, 576, dtype=torch.bfloat16)
+    sl = torch.tensor([5, 200, 0], dtype=torch.int32)
+    todo = launches(p, q, kv, kv[..., :512], torch.zeros(b, 4, dtype=torch.int32), sl,
+                    torch.empty(b, hq, 512, dtype=torch.bfloat16), 0.1, 0.0, 0)
+    assert [t.fn.__name__ for t in todo] == ["_work_plan", "_gluon_mla_stage1",
+                                             "_decode_reduce"]
+    wp = todo[0].args[1]
+    args = dict(zip(todo[1].fn.arg_names, todo[1].args))
+    assert args["WP"] is wp and args["stride_pob"] == 0 and args["stride_plb"] == 0
+    req = todo[2].args[0]
+    assert req.data_ptr() == wp.data_ptr() + (parts + b) * 3 * 4 and req.stride() == (2, 1)
+
+
+def test_the_plan_is_a_gluon_option_outside_batch_invariance():
+    key = spec.DecodeKey(vendor="nvidia", arch="sm_90", cu_count=132, device="nvidia-h200",
+                         dtype="bfloat16", kv_dtype="bfloat16", num_q_heads=128,
+                         num_kv_heads=1, head_dim=576, head_dim_v=512, page_size=64,
+                         batch=32, context=16384, q_len=1, sliding=False,
+                         batch_invariant=False)
+    planned = spec.gluon_config(4, plan=True)
+    assert spec.is_valid(key, planned) and planned.model_dump()["plan"] is True
+    assert "plan" not in spec.gluon_config(4).model_dump()  # digests of old rows stay
+    assert not spec.is_valid(key.model_copy(update={"batch_invariant": True}), planned)
+    assert not spec.is_valid(key, planned.model_copy(update={"kernel": "triton"}))
+    assert not spec.is_valid(key, planned.model_copy(update={"block_h": 32}))
+    cands = spec_candidates(key)
+    assert {c for c in cands if c.plan} == {spec.gluon_config(s, plan=True)
+                                           for s in spec.PLAN_SPLITS}
+    assert not any(c.plan for c in spec_candidates(key.model_copy(update={"batch": 1})))
+
+
+def spec_candidates(key):
+    from kdispatch.kernels.decode_attention.tuning import DecodeTuning
+
+    return list(DecodeTuning().candidates(key))
