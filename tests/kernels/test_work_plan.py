@@ -54,8 +54,9 @@ def test_more_requests_than_one_block_and_random_batches():
 @pytest.mark.parametrize("lengths, parts", CASES[:4])
 def test_items_tile_each_request_in_equal_whole_tile_chunks(lengths, parts):
     """Each request's items are contiguous, start on tile boundaries, end at its clamped
-    length, hold at least one tile and at most ``ceil(total tiles / parts)``; empty
-    requests have none; the items number at most ``parts + batch``."""
+    length, hold at least one tile and at most 1.5 chunks (``ceil(total tiles / parts)``),
+    within a tile of each other; empty requests have none; the items number at most
+    ``parts + batch``."""
     rows, reqs = _run_plan(lengths, parts)
     n = [min(max(x, 0), MAX_LEN) for x in lengths]
     tiles = [-(-x // PLAN_TILE) for x in n]
@@ -72,7 +73,17 @@ def test_items_tile_each_request_in_equal_whole_tile_chunks(lengths, parts):
         for (_, s0, e0), (_, s1, _) in zip(mine, mine[1:]):
             assert e0 == s1 and s1 % PLAN_TILE == 0
         sizes = [-(-(e - s) // PLAN_TILE) for _, s, e in mine]
-        assert min(sizes) >= 1 and max(sizes) <= chunk and max(sizes) - min(sizes) <= 1
+        assert min(sizes) >= 1 and 2 * max(sizes) <= 3 * chunk + 1
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_batch_at_full_context_is_cut_as_the_split_grid_cuts_it():
+    """Rounded item counts: 32 requests of 256 tiles at 66 parts get 2 items of 128 tiles
+    (64 items: one wave of 128 programs at two row blocks), at 132 parts 4 of 64."""
+    for parts, k in ((66, 2), (132, 4), (264, 8)):
+        rows, reqs = _run_plan([256 * PLAN_TILE] * 32, parts, max_len=256 * PLAN_TILE)
+        assert {n for _, n in reqs} == {k}
+        assert {e - s for b, s, e in rows if b >= 0} == {256 // k * PLAN_TILE}
 
 
 def test_the_reduce_merges_a_plans_item_partials():

@@ -4,10 +4,12 @@ A split count sized from the block-table width leaves the programs of short requ
 while long ones run: a batch of ragged lengths needs its work cut by the lengths, which
 only the device knows when a CUDA graph replays. :func:`_work_plan` (one program, launched
 ahead of stage 1 and captured with it) reads ``seq_lens`` and cuts the batch's 64-token
-tiles into *items* of at most ``chunk = ceil(total tiles / PARTS)`` tiles: request ``b``
-of ``t_b`` tiles gets ``k_b = ceil(t_b / chunk)`` items of equal size (within a tile),
-so the items number at most ``PARTS + batch`` (the grid the host sizes from shapes alone)
-and each costs about the same. Stage 1 runs one program per item (and row block); the
+tiles into *items* of about ``chunk = ceil(total tiles / PARTS)`` tiles: request ``b`` of
+``t_b`` tiles gets ``k_b = max(1, round(t_b / chunk))`` items of equal size (within a
+tile; an item is at most 1.5 chunks), so the items number at most ``PARTS + batch`` (the
+grid the host sizes from shapes alone) and each costs about the same. Rounding, not
+ceiling: a batch at full context gets the split grid's own cut (b32 x 256 tiles at 66
+parts: 2 items of 128 tiles, one wave; a ceiling would give 3 of 86, a wave and a half). Stage 1 runs one program per item (and row block); the
 reduce merges request ``b``'s ``k_b`` partials. Host choices stay constexprs: ``PARTS``
 comes from the config's split count and the SM count.
 
@@ -45,7 +47,7 @@ def _work_plan(SL, WP, batch, max_len, stride_sl, PARTS: tl.constexpr, ITEMS: tl
         n = tl.minimum(tl.maximum(tl.load(SL + offs * stride_sl, mask=valid, other=0), 0),
                        max_len)
         t = tl.cdiv(n, TILE)
-        k = tl.cdiv(t, chunk)  # 0 for an empty request
+        k = tl.where(t > 0, tl.maximum((2 * t + chunk) // (2 * chunk), 1), 0)
         first = base + tl.cumsum(k, 0) - k
         tl.store(req + offs * 2, first, mask=valid)
         tl.store(req + offs * 2 + 1, k, mask=valid)
@@ -103,7 +105,7 @@ def reference_plan(lengths: list[int], max_len: int, parts: int,
     rows: list[tuple[int, int, int]] = []
     reqs = []
     for b, (tb, nb) in enumerate(zip(t, n)):
-        k = -(-tb // chunk)
+        k = max(1, (2 * tb + chunk) // (2 * chunk)) if tb else 0
         reqs.append((len(rows), k))
         for j in range(k):
             rows.append((b, j * tb // k * PLAN_TILE, min((j + 1) * tb // k * PLAN_TILE, nb)))
