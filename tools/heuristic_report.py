@@ -89,6 +89,8 @@ def describe_config(cfg: dict) -> str:
     extra = [f for f in ("pdl", "merge") if cfg.get(f)]
     if cfg.get("kernel", "triton") != "triton":
         extra.append(cfg["kernel"])
+    if cfg.get("plan"):
+        extra.append("plan")
     n = cfg["num_kv_splits"]
     return (f"{n} split{'s' if n > 1 else ''}, {cfg['block_n']}/{cfg['block_h']}, "
             f"{cfg['num_warps']}w {cfg['num_stages']}st" + "".join(f" {e}" for e in extra))
