@@ -124,14 +124,20 @@ def _child(cases: list[dict], configs: list[str], reps: int, cpu: bool) -> list[
                 cfg = json.loads(text)
             call = lambda: kdispatch.decode_attention(  # noqa: E731
                 q, k, v, bt, sl, scale=scale, config=cfg, **scales)
-            got = call().float()
-            err = (got - ref).abs().max().item()
-            if not err <= 3e-2 * max(1.0, ref.abs().max().item()):
-                raise SystemExit(f"{case['name']} {text}: max error {err:.3g} vs the reference")
+            err = checked_error(f"{case['name']} {text}", call(), ref)
             out.append({"case": case["name"], "config": text,
                         "resolved": cfg if isinstance(cfg, dict) else cfg.model_dump(),
                         "us": _time(call, reps, cpu), "max_err": err})
     return out
+
+
+def checked_error(what: str, got, ref) -> float:
+    """The max error of ``got`` against the fp32 ``ref``; SystemExit naming ``what`` past
+    the bf16 tolerance (3e-2 of the reference's scale, at least 1)."""
+    err = (got.float() - ref).abs().max().item()
+    if not err <= 3e-2 * max(1.0, ref.abs().max().item()):
+        raise SystemExit(f"{what}: max error {err:.3g} vs the fp32 reference")
+    return err
 
 
 def _time(call, reps: int, cpu: bool) -> float:

@@ -273,10 +273,14 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
+def rotation_sets(s: Shape) -> int:
+    """Input sets a timed graph rotates among: enough that the working set is at least 4x
+    L2 (at most 8)."""
+    return max(1, min(8, math.ceil(4 * L2_BYTES / live_bytes(s))))
+
+
 def bench_shape(s: Shape, ceiling: float, max_cands: int, dev: Device) -> list[Row]:
-    ws = live_bytes(s)
-    nsets = max(1, min(8, math.ceil(4 * L2_BYTES / ws)))
-    sets = make_sets(s, nsets, seed=hash(s.name) % 1000)
+    sets = make_sets(s, rotation_sets(s), seed=hash(s.name) % 1000)
     key = OP.key(dev, sets[0])
     assert (key.q_len, key.kv_dtype == "float8_e4m3fn") == (s.q_len, s.kv == "fp8"), key
     ref = reference_decode_attention(**sets[0])

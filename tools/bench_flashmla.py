@@ -46,8 +46,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import kdispatch  # noqa: E402
+from ab_decode import checked_error  # noqa: E402
 from bench_decode import (  # noqa: E402
-    L2_BYTES, Shape, live_bytes, make_sets, read_ceiling, shapes, time_fns, variants,
+    Shape, live_bytes, make_sets, read_ceiling, rotation_sets, shapes, time_fns, variants,
 )
 from kdispatch.kernels.decode_attention import reference_decode_attention  # noqa: E402
 
@@ -109,17 +110,9 @@ def ours_fns(sets: list[dict], config: dict | None = None):
     return [lambda inp=inp: kdispatch.decode_attention(**inp, config=config) for inp in sets]
 
 
-def check(label: str, s: Shape, fn, ref: torch.Tensor) -> float:
-    """The max error of ``fn``'s output against ``ref`` (SystemExit past bf16 tolerance)."""
-    err = (fn().float() - ref).abs().max().item()
-    if not err <= 3e-2 * max(1.0, ref.abs().max().item()):
-        raise SystemExit(f"{s.name} {label}: max error {err:.3g} vs the fp32 reference")
-    return err
-
-
 def bench(s: Shape, peer, rounds: int, ceiling: float, configs: dict[str, dict]) -> dict:
     p64 = replace(s, page=64)
-    nsets = max(1, min(8, -(-4 * L2_BYTES // live_bytes(s))))
+    nsets = rotation_sets(s)
     sides = {}
     sets = make_sets(s, nsets, seed=hash(s.name) % 1000)
     sets64 = sets if s.page == 64 else make_sets(p64, nsets, seed=hash(s.name) % 1000 + 1)
@@ -135,8 +128,9 @@ def bench(s: Shape, peer, rounds: int, ceiling: float, configs: dict[str, dict])
     errs, skipped = {}, {}
     for label in list(sides):
         try:
-            errs[label] = check(label, s, sides[label][0], ref64 if label.endswith("p64")
-                                or label.startswith("flashmla") else ref)
+            errs[label] = checked_error(f"{s.name} {label}", sides[label][0](),
+                                        ref64 if label.endswith("p64")
+                                        or label.startswith("flashmla") else ref)
         except ValueError as exc:  # an explicit config this shape's key does not take
             if not label.startswith("kd-"):
                 raise

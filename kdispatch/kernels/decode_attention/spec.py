@@ -576,13 +576,12 @@ def plan_workspace_bytes(key: DecodeKey, splits: int) -> int:
 
 
 def is_valid(key: DecodeKey, config: DecodeConfig) -> bool:
-    if config.plan:  # the Gluon tile's; its items depend on the batch's lengths
-        return (config.kernel == "gluon" and not key.batch_invariant and gluon_fits(key)
-                and config == gluon_config(config.num_kv_splits, True)
-                and plan_workspace_bytes(key, config.num_kv_splits) <= WORKSPACE_BUDGET)
-    if config.kernel == "gluon":
-        return (gluon_fits(key) and config == gluon_config(config.num_kv_splits)
-                and workspace_bytes(key, config.num_kv_splits) <= WORKSPACE_BUDGET)
+    if config.kernel == "gluon" or config.plan:  # the plan: the Gluon tile's alone, and its
+        # items depend on the batch's lengths (never batch invariant)
+        ws = (plan_workspace_bytes if config.plan else workspace_bytes)(key,
+                                                                        config.num_kv_splits)
+        return (gluon_fits(key) and config == gluon_config(config.num_kv_splits, config.plan)
+                and not (config.plan and key.batch_invariant) and ws <= WORKSPACE_BUDGET)
     if config.block_h > max(16, p2(key.rows)):
         return False
     if config.pdl and (config.num_kv_splits == 1 or not pdl_capable(key)):
