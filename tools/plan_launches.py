@@ -1,0 +1,81 @@
+"""Where a Gluon MLA decode call's time goes, launch by launch: each config's whole call
+and each of its launches (the work plan's kernel, stage 1, the reduce) alone, as CUDA-graph
+replays on the same inputs (128 heads, 576/512 latent, 64-token pages, bf16). Run it once
+per source tree (``PYTHONPATH=<tree>``) in one device call to compare two kernels' launches::
+
+    python tools/plan_launches.py --config s2='{"num_kv_splits": 2}' \\
+        --config pl1='{"num_kv_splits": 1, "plan": true}' --out $OUT/launches.json
+
+A case is ``name:batch,context[,rag]`` (``rag``: lengths drawn from N(context, context / 2)
+in [1, 2 context], the table 2 context wide).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decode import time_fns  # noqa: E402
+
+from kdispatch.kernels.decode_attention.launch import (  # noqa: E402
+    launch_decode_attention, planned_launches)
+from kdispatch.kernels.decode_attention.spec import gluon_config  # noqa: E402
+
+HQ, DK, DV, PAGE = 128, 576, 512, 64
+CASES = ("full-b32:32,16384", "parts-b66:66,16384", "rag-b128:128,16384,rag",
+         "rag-b128-4k:128,4096,rag")
+
+
+def inputs(batch: int, ctx: int, rag: bool, seed: int = 0) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    width = 2 * ctx if rag else ctx
+    pages = -(-width // PAGE)
+    kv = torch.randn(batch * pages + 1, PAGE, 1, DK, device="cuda", generator=g).bfloat16()
+    q = torch.randn(batch, HQ, DK, device="cuda", generator=g).bfloat16()
+    bt = torch.randperm(kv.shape[0], device="cuda", generator=g)[:batch * pages]
+    if rag:
+        lens = torch.normal(float(ctx), ctx / 2, (batch,), device="cuda", generator=g)
+        lens = lens.round().clamp(1, width)
+    else:
+        lens = torch.full((batch,), ctx, device="cuda")
+    return dict(q=q, k_cache=kv, v_cache=kv[..., :DV], block_table=bt.view(batch, pages).int(),
+                seq_lens=lens.int(), scale=DK ** -0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append", default=[], help="NAME=JSON (Gluon fields)")
+    ap.add_argument("--case", action="append", default=[], help="name:batch,context[,rag]")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+    cfgs = {}
+    for c in args.config:
+        name, js = c.split("=", 1)
+        d = json.loads(js)
+        cfgs[name] = gluon_config(int(d["num_kv_splits"]), bool(d.get("plan", False)))
+    rows = []
+    for case in args.case or CASES:
+        name, spec = case.split(":")
+        parts = spec.split(",")
+        inp = inputs(int(parts[0]), int(parts[1]), "rag" in parts[2:])
+        for cname, cfg in cfgs.items():
+            call = time_fns([lambda: launch_decode_attention(cfg, **inp)])[0]
+            each = [(t.fn.__name__, time_fns([t.run])[0]) for t in planned_launches(cfg, **inp)]
+            row = {"tag": args.tag, "case": name, "config": cname, "call_us": round(call, 1),
+                   "launches_us": {n: round(us, 1) for n, us in each}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
