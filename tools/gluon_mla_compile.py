@@ -75,7 +75,7 @@ def compile_stage1(splits: int, arch: int = 90, heads: int = 128, qlen: int = 1,
     pl = ws[b * r * g * G.DV:].view(b, r, g)
     wp = torch.empty(64, dtype=torch.int32) if plan else None
     grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, g, scale,
-                                          scale, wp, 8)
+                                          scale, wp, wp[:16] if plan else None)
     return compile_launch(KernelLaunch(G._gluon_mla_stage1, grid, args, kw,
                                        G.launch_options(fp8)), arch)
 

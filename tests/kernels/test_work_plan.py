@@ -14,19 +14,24 @@ from kdispatch.kernels.decode_attention import spec
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce
 from kdispatch.kernels.decode_attention.launch import launches, plan
 from kdispatch.kernels.decode_attention.work_plan import (PLAN_TILE, plan_buffer, plan_items,
-                                                          plan_launch, reference_plan)
+                                                          plan_launch, plan_parts, plan_views,
+                                                          reference_plan)
 
 MAX_LEN = 4096
 
 
 def _run_plan(lengths, parts, max_len=MAX_LEN):
+    """(used slot rows by slot, per-request rows, per-part rows) the plan kernel wrote."""
     sl = torch.tensor(lengths, dtype=torch.int32)
     items = plan_items(parts, len(lengths))
-    wp = plan_buffer(sl, items).fill_(-7)  # every slot the kernel must write is garbage
+    wp = plan_buffer(sl, items, parts).fill_(-7)  # every row the kernel must write is garbage
     plan_launch(sl, wp, max_len, parts, items).run()
-    rows = [tuple(r) if r[0] >= 0 else (-1, 0, 0) for r in wp[:items * 3].view(-1, 3).tolist()]
-    assert all(r[0] == -1 for r in wp[:items * 3].view(-1, 3).tolist() if r[0] < 0)
-    return rows, [tuple(r) for r in wp[items * 3:].view(-1, 2).tolist()]
+    req, part_rows = plan_views(wp, items, len(lengths))
+    reqs = [tuple(r) for r in req.tolist()]
+    parts_ = [tuple(r) for r in part_rows.view(-1, 2).tolist()]
+    slots = wp[:items * 3].view(-1, 3).tolist()
+    used = {s for first, last in parts_ for s in range(first, last + 1)}
+    return {s: tuple(slots[s]) for s in sorted(used)}, reqs, parts_
 
 
 CASES = [([1, 15, 16, 17, 63, 64, 65, 0, 127, 128, 129, 4096], 8),
@@ -34,56 +39,66 @@ CASES = [([1, 15, 16, 17, 63, 64, 65, 0, 127, 128, 129, 4096], 8),
          ([0, 0, 0], 5),
          ([64 * 7 + 1, 1], 5),
          ([5000, -3, 100, 2 ** 30], 6),  # past the table and negative: clamped
-         ([1], 1)]
+         ([1], 1),
+         ([1, 65], 7),  # fewer tiles than parts: empty parts
+         ([0, 64, 0, 0, 64, 0], 2)]  # empty requests around a part boundary
 
 
 @pytest.mark.parametrize("lengths, parts", CASES)
 def test_the_plan_kernel_is_its_python_statement(lengths, parts):
-    got = _run_plan(lengths, parts)
-    assert got == reference_plan(lengths, MAX_LEN, parts, plan_items(parts, len(lengths)))
+    assert _run_plan(lengths, parts) == reference_plan(lengths, MAX_LEN, parts)
 
 
 def test_more_requests_than_one_block_and_random_batches():
     rnd = random.Random(3)
-    for batch, parts in ((1100, 64), (37, 16), (200, 132)):
+    for batch, parts in ((1100, 64), (37, 16), (200, 132), (300, 17)):
         lengths = [rnd.choice([0, 1, 63, 64, 65, rnd.randint(0, 3000)]) for _ in range(batch)]
-        got = _run_plan(lengths, parts)
-        assert got == reference_plan(lengths, MAX_LEN, parts, plan_items(parts, batch))
+        assert _run_plan(lengths, parts) == reference_plan(lengths, MAX_LEN, parts)
 
 
-@pytest.mark.parametrize("lengths, parts", CASES[:4])
-def test_items_tile_each_request_in_equal_whole_tile_chunks(lengths, parts):
-    """Each request's items are contiguous, start on tile boundaries, end at its clamped
-    length, hold at least one tile and at most 1.5 chunks (``ceil(total tiles / parts)``),
-    within a tile of each other; empty requests have none; the items number at most
-    ``parts + batch``."""
-    rows, reqs = _run_plan(lengths, parts)
+@pytest.mark.parametrize("lengths, parts", CASES + [([4096] * 3 + [1] * 40 + [2000], 9)])
+def test_parts_are_equal_and_segments_tile_each_request(lengths, parts):
+    """Each part holds ``T // parts`` or one more tile of the batch's ``T`` (the tiles laid
+    end to end); its segments take consecutive slots, in request order, the first starting
+    at the part's first tile; each request's segments take consecutive slots, start at 0,
+    meet on tile boundaries and end at its clamped length; empty requests have none."""
+    slots, reqs, part_rows = _run_plan(lengths, parts)
     n = [min(max(x, 0), MAX_LEN) for x in lengths]
     tiles = [-(-x // PLAN_TILE) for x in n]
-    chunk = max(1, -(-sum(tiles) // parts))
-    used = [r for r in rows if r[0] >= 0]
-    assert len(used) <= parts + len(lengths) and rows[len(used):] == [(-1, 0, 0)] * (
-        len(rows) - len(used))
+    total = sum(tiles)
+    assert all(s < parts + len(lengths) for s in slots)
+    owner = {}
+    for p, (first, last) in enumerate(part_rows):
+        k = last - first + 1
+        mine = [slots[s] for s in range(first, first + k)]
+        size = sum(-(-(e - s) // PLAN_TILE) for _, s, e in mine)
+        assert size in (total // parts, total // parts + 1) or (size == 0 and k == 0)
+        assert [b for b, _, _ in mine] == sorted({b for b, _, _ in mine})
+        owner.update({s: p for s in range(first, first + k)})
+    assert sum(last - first + 1 for first, last in part_rows) == len(slots)
     for b, (first, k) in enumerate(reqs):
-        mine = rows[first:first + k]
-        assert k == (0 if n[b] == 0 else len(mine)) and all(r[0] == b for r in mine)
+        assert (k == 0) == (n[b] == 0)
+        mine = [slots[s] for s in range(first, first + k)]
+        assert all(r[0] == b for r in mine)
         if not k:
             continue
         assert mine[0][1] == 0 and mine[-1][2] == n[b]
-        for (_, s0, e0), (_, s1, _) in zip(mine, mine[1:]):
-            assert e0 == s1 and s1 % PLAN_TILE == 0
-        sizes = [-(-(e - s) // PLAN_TILE) for _, s, e in mine]
-        assert min(sizes) >= 1 and 2 * max(sizes) <= 3 * chunk + 1
-        assert max(sizes) - min(sizes) <= 1
+        for (_, s0, e0), (_, s1, e1) in zip(mine, mine[1:]):
+            assert e0 == s1 and s1 % PLAN_TILE == 0 and e1 > s1
+        assert [owner[s] for s in range(first, first + k)] == list(
+            range(owner[first], owner[first] + k))
 
 
-def test_a_batch_at_full_context_is_cut_as_the_split_grid_cuts_it():
-    """Rounded item counts: 32 requests of 256 tiles at 66 parts get 2 items of 128 tiles
-    (64 items: one wave of 128 programs at two row blocks), at 132 parts 4 of 64."""
-    for parts, k in ((66, 2), (132, 4), (264, 8)):
-        rows, reqs = _run_plan([256 * PLAN_TILE] * 32, parts, max_len=256 * PLAN_TILE)
-        assert {n for _, n in reqs} == {k}
-        assert {e - s for b, s, e in rows if b >= 0} == {256 // k * PLAN_TILE}
+def test_a_batch_at_full_context_is_cut_into_equal_parts():
+    """32 requests of 256 tiles at 64 parts: each part half a request (one segment of 128
+    tiles), every request two slots; at 66 parts, each part 124 or 125 tiles."""
+    slots, reqs, part_rows = _run_plan([256 * PLAN_TILE] * 32, 64, max_len=256 * PLAN_TILE)
+    assert {k for _, k in reqs} == {2} and all(f == last for f, last in part_rows)
+    assert {e - s for _, s, e in slots.values()} == {128 * PLAN_TILE}
+    slots, reqs, part_rows = _run_plan([256 * PLAN_TILE] * 32, 66, max_len=256 * PLAN_TILE)
+    sizes = [sum(slots[s][2] - slots[s][1] for s in range(f, last + 1))
+             for f, last in part_rows]
+    assert set(sizes) == {124 * PLAN_TILE, 125 * PLAN_TILE}
 
 
 def test_the_reduce_merges_a_plans_item_partials():
@@ -109,15 +124,15 @@ def test_the_reduce_merges_a_plans_item_partials():
 
 
 def test_a_planned_gluon_launch_is_plan_then_stage_1_then_reduce():
-    """Grid ``(row blocks, parts + batch, 1)``, one partial slot per item, the reduce
-    reading the plan's per-request rows; the stage 1 gets the plan buffer and zero batch
-    strides for its partials."""
+    """Grid ``(row blocks, parts, 1)`` (a persistent program per part and row block),
+    ``parts + batch`` partial slots, the reduce reading the plan's per-request rows; the
+    stage 1 gets the plan buffer, its per-part rows and zero batch strides."""
     cfg = spec.gluon_config(2, plan=True)
     b, hq = 3, 128
     p = plan(cfg, b, hq, 576, 64, 1, 512, True, False, False, False, 1, False, False,
              False, True, 4 * 64, True, 132)
     parts = 2 * (132 // 2)
-    assert p.plan_parts == parts and p.grid == (2, parts + b, 1)
+    assert p.plan_parts == parts and p.grid == (2, parts, 1)
     assert p.partials_shape == (1, hq, parts + b, 512) and p.reduce_constexprs["PLAN"]
     assert p.constexprs["PLAN"] and p.reduce_grid == (hq, 1, b)
     q = torch.zeros(b, hq, 576, dtype=torch.bfloat16)
@@ -128,10 +143,22 @@ def test_a_planned_gluon_launch_is_plan_then_stage_1_then_reduce():
     assert [t.fn.__name__ for t in todo] == ["_work_plan", "_gluon_mla_stage1",
                                              "_decode_reduce"]
     wp = todo[0].args[1]
+    items = parts + b
+    assert wp.numel() == items * 3 + (b + parts) * 2
     args = dict(zip(todo[1].fn.arg_names, todo[1].args))
     assert args["WP"] is wp and args["stride_pob"] == 0 and args["stride_plb"] == 0
+    assert args["WPP"].data_ptr() == wp.data_ptr() + (items * 3 + b * 2) * 4
+    assert args["WPP"].numel() == parts * 2
     req = todo[2].args[0]
-    assert req.data_ptr() == wp.data_ptr() + (parts + b) * 3 * 4 and req.stride() == (2, 1)
+    assert req.data_ptr() == wp.data_ptr() + items * 3 * 4 and req.stride() == (2, 1)
+    assert req.shape == (b, 2)
+
+
+def test_plan_parts_serve_every_row_block_once_a_wave():
+    """Parts per row block: an SM share per split (128 heads: 2 row blocks, 66 parts
+    at 132 SMs; 16 heads x 2 tokens: 1 row block, 132)."""
+    assert plan_parts(1, 132, 128) == 66 and plan_parts(2, 132, 128) == 132
+    assert plan_parts(1, 132, 32) == 132 and plan_parts(1, 132, 64 * 200) == 1
 
 
 def test_the_plan_is_a_gluon_option_outside_batch_invariance():

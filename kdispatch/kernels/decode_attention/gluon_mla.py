@@ -64,6 +64,11 @@ partials layout (``[B, QLEN * H, splits, 512]`` fp32 partial outputs and
 ``[B, QLEN * H, splits]`` log2-sum-exp, row ``head * QLEN + token``) are those of the
 Triton stage 1 with ``BLOCK_N = 64``, so the existing :func:`_decode_reduce` (with
 ``QLEN``) merges them.
+
+With a work plan (``PLAN``, work_plan.py) each program is persistent: it walks the
+segments of its part (requests' token ranges, one partial slot each), its copy warp
+loading each segment's q once both MMA partitions freed the last one (``q_free``), the
+ring's laps and the mbarriers' phases carried from segment to segment.
 """
 
 from __future__ import annotations
@@ -80,10 +85,10 @@ from kdispatch.dtypes import torch_dtype
 from kdispatch.kernels._common import interpreting
 from kdispatch.kernels.decode_attention.checks import q_dims, shares_latent
 from kdispatch.kernels.decode_attention.gluon_mla_consumer import _consumer
-from kdispatch.kernels.decode_attention.gluon_mla_seesaw import (_producer_blocks, _seesaw_wg0,
+from kdispatch.kernels.decode_attention.gluon_mla_seesaw import (_seesaw_producer, _seesaw_wg0,
                                                                  _seesaw_wg1)
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (BLOCK_H, BLOCK_N, DPE, DV,
-                                                                _mean_len, _producer)
+                                                                _mean_len, _plan_producer)
 from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_KV_DTYPES,
                                                      GLUON_PAGE_SIZES, gluon_config)
 
@@ -104,7 +109,7 @@ SEESAW_WG_REGS = 240
 
 @gluon.jit
 def _gluon_mla_stage1(
-    q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL, KS, VS, WP,
+    q_desc, qpe_desc, kv_desc, pe_desc, BT, SL, PO, PL, KS, VS, WP, WPP,
     qk_scale, max_len, num_pages, heads,
     stride_btb, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
     NUM_KV_SPLITS: gl.constexpr, BLOCK_H: gl.constexpr, PAGE: gl.constexpr,
@@ -124,16 +129,22 @@ def _gluon_mla_stage1(
     pid_h = gl.program_id(0)
     smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
-    if PLAN:  # the work plan's item (work_plan.py): its request and token range; its
-        # partials go to slot ``item`` (the launcher passes zero batch strides)
-        split = gl.program_id(1)
-        b = gl.load(WP + split * 3)
-        if b < 0:  # an unused item
+    if PLAN:  # a persistent program over the work plan's part ``program_id(1)``: its
+        # segments (work_plan.py), each read by the partitions; a segment's partials go to
+        # its slot (the launcher passes zero batch strides)
+        part = gl.program_id(1)
+        seg0 = gl.load(WPP + part * 2)
+        n_seg = gl.load(WPP + part * 2 + 1) - seg0 + 1  # (first slot, last slot)
+        if n_seg <= 0:  # a part without tiles
             return
-        start = gl.load(WP + split * 3 + 1)
-        end = gl.load(WP + split * 3 + 2)
-        seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
+        b = seg0 * 0  # (the segments' own, in the partitions)
+        split = b
+        start = b
+        end = b
+        seq_len = b
     else:
+        seg0 = 0
+        n_seg = 1
         b = gl.program_id(1)
         split = gl.program_id(2)
         # the request's token range of this split: _split_range with BLOCK_N = 64 (from
@@ -165,11 +176,14 @@ def _gluon_mla_stage1(
     ready = gl.allocate_shared_memory(gl.int64, [NRDY, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NEMPTY, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    # the plan: a segment's q is free for the next (one arrive from each MMA partition)
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for j in gl.static_range(NRDY):
         mbarrier.init(ready.index(j), count=1)
         if j < NEMPTY:
             mbarrier.init(empty.index(j), count=1)
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_free, count=2 if SEESAW else 1)
     if not SEESAW:
         # the dots' dtype: bf16, or fp16 for an fp8 latent (e4m3 -> fp16 is one packed
         # conversion on sm_90; q's bf16 values convert exactly within fp16's range)
@@ -198,20 +212,25 @@ def _gluon_mla_stage1(
 
     # the request's rows are contiguous in q's row view: the box starts at its first row
     # plus the tile's (a box past the descriptor's end is zero-filled)
-    q_row = b * (QLEN * heads) + pid_h * BLOCK_H
-    mbarrier.expect(q_bar, BLOCK_H * (DV + DPE) * 2)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
-    tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
+    if not PLAN:  # (the plan's copy warp loads each segment's)
+        q_row = b * (QLEN * heads) + pid_h * BLOCK_H
+        mbarrier.expect(q_bar, BLOCK_H * (DV + DPE) * 2)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
 
     if not SEESAW:
         gl.warp_specialize([
             (_consumer, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, empty,
-                         q_bar, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row,
-                         qk_scale, KS, VS, PO, PL, b, split, pid_h, heads, stride_pob,
-                         stride_poh, stride_pos, stride_plb, stride_plh, BLOCK_H, TILE, PAGE,
-                         DV, QLEN, KV_FP8, KV_SCALED, num_warps)),
-            (_producer, (kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start,
-                         end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)),
+                         q_bar, q_free, bt_row, start, end, n_tiles, seq_len, num_pages,
+                         oob_row, qk_scale, KS, VS, PO, PL, b, split, pid_h, heads,
+                         stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, WP, SL,
+                         BT, stride_btb, max_len, seg0, n_seg, BLOCK_H, TILE, PAGE, DV, QLEN,
+                         KV_FP8, KV_SCALED, num_warps, PLAN)),
+            (_plan_producer, (kv_desc, pe_desc, q_desc, qpe_desc, kv_smem, pe_smem, q_smem,
+                              qpe_smem, ready, empty, q_bar, q_free, bt_row, start, end,
+                              n_tiles, num_pages, oob_row, pid_h, heads, WP, SL, BT,
+                              stride_btb, max_len, seg0, n_seg, TILE, PAGE, STAGES, BLOCK_H,
+                              QLEN, PLAN)),
         ], [1], [32])  # COPY_WARP_REGS
     else:
         # (the two warpgroups' argument tuples are written out: a tuple held in a variable
@@ -219,18 +238,23 @@ def _gluon_mla_stage1(
         gl.warp_specialize([
             (_seesaw_wg0, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
                           empty, sync.index(0), sync.index(1), sync.index(3), sync.index(2),
-                          sync.index(4), q_bar, bt_row, start, end, n_tiles,
+                          sync.index(4), q_bar, q_free, bt_row, start, end, n_tiles,
                           seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
                           heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-                          BLOCK_H, TILE, PAGE, DV, QLEN)),
+                          WP, SL, BT, stride_btb, max_len, seg0, n_seg,
+                          BLOCK_H, TILE, PAGE, DV, QLEN, PLAN)),
             (_seesaw_wg1, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
                           empty, sync.index(0), sync.index(1), sync.index(3), sync.index(2),
-                          sync.index(4), q_bar, bt_row, start, end, n_tiles,
+                          sync.index(4), q_bar, q_free, bt_row, start, end, n_tiles,
                           seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
                           heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-                          BLOCK_H, TILE, PAGE, DV, QLEN)),
-            (_producer_blocks, (kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row,
-                                start, end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)),
+                          WP, SL, BT, stride_btb, max_len, seg0, n_seg,
+                          BLOCK_H, TILE, PAGE, DV, QLEN, PLAN)),
+            (_seesaw_producer, (kv_desc, pe_desc, q_desc, qpe_desc, kv_smem, pe_smem, q_smem,
+                                qpe_smem, ready, empty, q_bar, q_free, bt_row, start, end,
+                                n_tiles, num_pages, oob_row, pid_h, heads, WP, SL, BT,
+                                stride_btb, max_len, seg0, n_seg, TILE, PAGE, STAGES,
+                                BLOCK_H, QLEN, PLAN)),
         ], [4, 1], [240, 24])  # SEESAW_WG_REGS, SEESAW_COPY_WARP_REGS
 
 
@@ -293,15 +317,16 @@ def descriptors(q, kv_cache):
 
 
 def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits, po, pl,
-                       grid_splits=None, k_scale=None, v_scale=None, wp=None, items=0):
+                       grid_splits=None, k_scale=None, v_scale=None, wp=None, parts_rows=None):
     """(grid, positional args, constexpr kwargs) of the Gluon stage 1: grid
     ``(cdiv(QLEN * H, 64), B, grid_splits)``, partials ``po``
     ``[B, QLEN * H, grid_splits, 512]`` and ``pl`` ``[B, QLEN * H, grid_splits]`` (row
     ``head * QLEN + token``); ``grid_splits`` (default ``num_kv_splits``) above
     ``num_kv_splits`` balances ragged lengths. An fp8 latent (``KV_FP8``) is dequantized
     with ``k_scale`` / ``v_scale`` (one-element fp32 device tensors) when given. With a
-    work plan ``wp`` of ``items`` items (work_plan.py): grid ``(cdiv(QLEN * H, 64), items,
-    1)`` and partials ``[1, QLEN * H, items, 512]`` / ``[1, QLEN * H, items]``."""
+    work plan (work_plan.py: ``wp`` its buffer, ``parts_rows`` its per-part rows): grid
+    ``(cdiv(QLEN * H, 64), parts, 1)``, one persistent program per part and row block, and
+    partials ``[1, QLEN * H, slots, 512]`` / ``[1, QLEN * H, slots]``."""
     grid_splits = grid_splits or num_kv_splits
     b, t, h, _ = q_dims(q)
     page = kv_cache.shape[1]
@@ -310,15 +335,15 @@ def stage1_launch_args(q, kv_cache, block_table, seq_lens, scale, num_kv_splits,
     planned = wp is not None
     args = (qd, qpd, kd, ped, block_table, seq_lens, po, pl,
             k_scale if scaled else seq_lens, v_scale if scaled else seq_lens,
-            wp if planned else seq_lens, float(scale) * LOG2E,
-            block_table.shape[1] * page, kv_cache.shape[0], h, block_table.stride(0),
-            0 if planned else po.stride(0), po.stride(1), po.stride(2),
-            0 if planned else pl.stride(0), pl.stride(1))
+            wp if planned else seq_lens, parts_rows if planned else seq_lens,
+            float(scale) * LOG2E, block_table.shape[1] * page, kv_cache.shape[0], h,
+            block_table.stride(0), 0 if planned else po.stride(0), po.stride(1),
+            po.stride(2), 0 if planned else pl.stride(0), pl.stride(1))
     kw = {"NUM_KV_SPLITS": num_kv_splits, "BLOCK_H": BLOCK_H, "PAGE": page, "DV": DV,
           "DPE": DPE, "QLEN": t, "BLOCK_N": BLOCK_N, "GRID_SPLITS": grid_splits,
           "KV_FP8": is_fp8(kv_cache), "KV_SCALED": scaled, "PLAN": planned}
     rows = -(-(t * h) // BLOCK_H)
-    return ((rows, items, 1) if planned else (rows, b, grid_splits)), args, kw
+    return ((rows, parts_rows.shape[0] // 2, 1) if planned else (rows, b, grid_splits)), args, kw
 
 
 def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -22,20 +22,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (  # noqa: F401
     BLOCK_H, BLOCK_N, DV)
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_f8_to_f16, _q_to_f16,
-                                                                _softmax, _store_partials,
-                                                                _tile_ids, _zero_tail)
+                                                                _segment, _softmax,
+                                                                _store_partials, _tile_ids,
+                                                                _zero_tail)
 
 
 @gluon.jit
-def _tile_step(i, bits, m_i, l_2d, acc, q_mma, qpe_mma, kv_smem, pe_smem, p_smem, kv16, pe16,
+def _tile_step(i, g, bits, m_i, l_2d, acc, q_mma, qpe_mma, kv_smem, pe_smem, p_smem, kv16, pe16,
                ready, empty, bt_row, start, end, n_tiles, num_pages, oob_row, qk_scale,
                clean_end, row_end, offs_t, page_bit, s_zero, row_o: gl.constexpr,
                zero_l: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
                DV: gl.constexpr, QLEN: gl.constexpr, KV_FP8: gl.constexpr,
                num_warps: gl.constexpr):
-    """Tile ``i``: its scores, softmax and PV, each waited in turn. Returns the next tile's
-    validity bits and the updated ``m_i``, ``l_2d``, ``acc``."""
-    st = i % 2
+    """Tile ``i`` (the ring's ``g + i``-th: ``g`` tiles of earlier segments before it): its
+    scores, softmax and PV, each waited in turn. Returns the next tile's validity bits and
+    the updated ``m_i``, ``l_2d``, ``acc``."""
+    st = (g + i) % 2
     n0 = start + i * BLOCK_N
     if KV_FP8:
         kv = kv16
@@ -46,7 +48,7 @@ def _tile_step(i, bits, m_i, l_2d, acc, q_mma, qpe_mma, kv_smem, pe_smem, p_smem
     # the next tile's bits (an id load or four, under this tile's wait and MMAs)
     bits_next = _tile_ids(bt_row, n0 + BLOCK_N, end, i + 1 < n_tiles, num_pages, oob_row,
                           BLOCK_N, PAGE)[4]
-    mbarrier.wait(ready.index(st), (i // 2) & 1)
+    mbarrier.wait(ready.index(st), ((g + i) // 2) & 1)
     if KV_FP8:  # the stage's fp8 bytes to the fp16 tile (the last tile's MMAs were
         # waited); the last, partial tile's V rows past the split's end as zeros
         if n0 + BLOCK_N > end:
@@ -83,13 +85,16 @@ def _tile_step(i, bits, m_i, l_2d, acc, q_mma, qpe_mma, kv_smem, pe_smem, p_smem
 
 
 @gluon.jit
-def _consumer(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, empty, q_bar,
-              bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, KS, VS,
-              PO, PL, b, split, pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb,
-              stride_plh, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
-              DV: gl.constexpr, QLEN: gl.constexpr, KV_FP8: gl.constexpr,
-              KV_SCALED: gl.constexpr, num_warps: gl.constexpr):
-    """The two warpgroups' tile loop (scores, online softmax, PV) and the partials."""
+def _consumer_seg(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, empty,
+                  q_bar, q_free, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row,
+                  qk_scale, KS, VS, PO, PL, b, split, pid_h, heads, stride_pob, stride_poh,
+                  stride_pos, stride_plb, stride_plh, g, seg, BLOCK_H: gl.constexpr,
+                  BLOCK_N: gl.constexpr, PAGE: gl.constexpr, DV: gl.constexpr,
+                  QLEN: gl.constexpr, KV_FP8: gl.constexpr, KV_SCALED: gl.constexpr,
+                  num_warps: gl.constexpr, PLAN: gl.constexpr):
+    """The two warpgroups' tile loop (scores, online softmax, PV) and the partials of one
+    segment of tokens ``[start, end)``: a split's, or a work plan's segment ``seg`` of its
+    part after ``g`` tiles (``PLAN``: q freed for the copy warp once the loop is done)."""
     # scores: each warpgroup 32 of the 64 token columns; output: each 256 of the 512
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
@@ -121,7 +126,7 @@ def _consumer(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, emp
         tok_s = (pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)) // heads
         row_end = gl.minimum(seq_len - (QLEN - 1) + tok_s, end)
         clean_end = gl.minimum(seq_len - (QLEN - 1) + (pid_h * BLOCK_H) // heads, end)
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_bar, seg & 1)
     if KV_FP8:  # q to fp16 in place (each thread rewrites the values it read)
         q_mma = _q_to_f16(q_smem, BLOCK_H, DV, num_warps)
         qpe_mma = _q_to_f16(qpe_smem, BLOCK_H, qpe_smem.shape[1], num_warps)
@@ -135,12 +140,15 @@ def _consumer(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, emp
 
     for i in range(n_tiles):
         bits, m_i, l_2d, acc = _tile_step(
-            i, bits, m_i, l_2d, acc, q_mma, qpe_mma, kv_smem, pe_smem, p_smem, kv16, pe16,
+            i, g, bits, m_i, l_2d, acc, q_mma, qpe_mma, kv_smem, pe_smem, p_smem, kv16, pe16,
             ready, empty, bt_row, start, end, n_tiles, num_pages, oob_row, qk_scale,
             clean_end, row_end, offs_t, page_bit, s_zero, row_o, zero_l, BLOCK_N, PAGE, DV,
             QLEN, KV_FP8, num_warps)
 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if PLAN:  # every warp's MMAs are done with q (each tile's were waited)
+        gl.thread_barrier()
+        mbarrier.arrive(q_free, count=1)
     l_i = gl.sum(l_2d, 1)
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
     if KV_SCALED:  # the dequantized latent (as V) = stored * v_scale
@@ -150,3 +158,33 @@ def _consumer(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, emp
     _store_partials(out, m_i + gl.log2(l_safe), True, 0, n_tiles > 0, PO, PL, b, split, pid_h,
                     heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, row_s,
                     row_o, col_o, BLOCK_H, DV, DV, QLEN)
+
+
+@gluon.jit
+def _consumer(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, empty, q_bar,
+              q_free, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, KS,
+              VS, PO, PL, b, split, pid_h, heads, stride_pob, stride_poh, stride_pos,
+              stride_plb, stride_plh, WP, SL, BT, stride_btb, max_len, seg0, n_seg,
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
+              DV: gl.constexpr, QLEN: gl.constexpr, KV_FP8: gl.constexpr,
+              KV_SCALED: gl.constexpr, num_warps: gl.constexpr, PLAN: gl.constexpr):
+    """The two warpgroups over their program's work: the split's tokens, or (``PLAN``) the
+    ``n_seg`` segments of its part from slot ``seg0`` on (work_plan.py)."""
+    if PLAN:
+        g = n_seg * 0
+        for k in range(n_seg):
+            b, start, end, seq_len, n_tiles, bt_row = _segment(WP, SL, BT, stride_btb, max_len,
+                                                               seg0 + k, BLOCK_N)
+            _consumer_seg(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready,
+                          empty, q_bar, q_free, bt_row, start, end, n_tiles, seq_len,
+                          num_pages, oob_row, qk_scale, KS, VS, PO, PL, b, seg0 + k, pid_h,
+                          heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, g,
+                          k, BLOCK_H, BLOCK_N, PAGE, DV, QLEN, KV_FP8, KV_SCALED, num_warps,
+                          True)
+            g += n_tiles
+    else:
+        _consumer_seg(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready, empty,
+                      q_bar, q_free, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row,
+                      qk_scale, KS, VS, PO, PL, b, split, pid_h, heads, stride_pob,
+                      stride_poh, stride_pos, stride_plb, stride_plh, 0, 0, BLOCK_H, BLOCK_N,
+                      PAGE, DV, QLEN, KV_FP8, KV_SCALED, num_warps, False)

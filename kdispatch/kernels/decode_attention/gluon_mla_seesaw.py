@@ -105,9 +105,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # the constants stay visible here as in the one module the H200 table was tuned on
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (  # noqa: F401
     BLOCK_H, BLOCK_N, DV)
-from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_masked_scores,
-                                                                _store_partials, _tile_ids,
-                                                                _zero_tail)
+from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_load_q, _masked_scores,
+                                                                _segment, _store_partials,
+                                                                _tile_ids, _zero_tail)
 
 
 @gluon.jit
@@ -145,18 +145,18 @@ def _wait_tile(ready, st, ph):
 @gluon.jit
 def _producer_blocks(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
                      n_tiles, num_pages, oob_row, TILE: gl.constexpr, PAGE: gl.constexpr,
-                     STAGES: gl.constexpr):
+                     STAGES: gl.constexpr, pa=0, pb=0):
     """The seesaw's copy warp: each tile's page ids, then its copies in 64-column blocks,
     each block's pages completing that block's ready mbarrier, part by part as the
     warpgroups release them (``empty[3 * stage + part]``): the right half, the rope, the
-    left half."""
+    left half. ``pa`` / ``pb``: the laps stage 0 / 1 made before (earlier segments)."""
     NP: gl.constexpr = TILE // PAGE if PAGE < TILE else 1
     for i in range(n_tiles):
         st = i % STAGES
         r0, r1, r2, r3, bits = _tile_ids(bt_row, start + i * TILE, end, True, num_pages,
                                          oob_row, TILE, PAGE)
         # a fresh mbarrier's preceding phase counts as complete: the first lap passes
-        eph = ((i // STAGES) & 1) ^ 1
+        eph = ((i // STAGES + pa + (pb - pa) * st) & 1) ^ 1
         kv = kv_smem.index(st)
         mbarrier.wait(empty.index(st * 3 + 2), eph)
         _copy_half(kv_desc, kv, ready, st, r0, r1, r2, r3, 4, TILE, PAGE)
@@ -210,16 +210,20 @@ def _give_p_b(p16, m_b, p_smem, m_b_smem, pa_done, pb_ready, ph, vec_l: gl.const
 
 
 @gluon.jit
-def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem,
-               l_smem, ready, empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar,
-               bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b,
-               split, pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb,
-               stride_plh, BLOCK_H: gl.constexpr, TILE: gl.constexpr, PAGE: gl.constexpr,
-               DV: gl.constexpr, QLEN: gl.constexpr):
-    """Warpgroup ``ME`` (0 or 1) of the bf16 seesaw (the module docstring's protocol).
-    Warpgroup 0 scores A and holds O's left 256 columns, warpgroup 1 scores B and holds the
-    right ones. The row sums stay per warpgroup (each of the P it computed) until the end
-    (``fin_bar``)."""
+def _seesaw_seg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem,
+                l_smem, ready, empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar,
+                q_free, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale,
+                PO, PL, b, split, pid_h, heads, stride_pob, stride_poh, stride_pos,
+                stride_plb, stride_plh, pa, pb, seg, BLOCK_H: gl.constexpr,
+                TILE: gl.constexpr, PAGE: gl.constexpr, DV: gl.constexpr,
+                QLEN: gl.constexpr, PLAN: gl.constexpr):
+    """Warpgroup ``ME`` (0 or 1) of the bf16 seesaw (the module docstring's protocol) over
+    one segment of tokens ``[start, end)`` (a split's, or a work plan's segment ``seg`` of
+    its part, after ``pa`` pairs and ``pb`` tiles in stage 1). Warpgroup 0 scores A and
+    holds O's left 256 columns, warpgroup 1 scores B and holds the right ones. The row
+    sums stay per warpgroup (each of the P it computed) until the end (``fin_bar``). With
+    ``PLAN`` each warpgroup arrives ``q_free`` once its last score MMA is done (the copy
+    warp loads the next segment's q)."""
     HALF: gl.constexpr = DV // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16])
@@ -252,10 +256,12 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
         clean_end = gl.minimum(seq_len - (QLEN - 1) + (pid_h * BLOCK_H) // heads, end)
     m_a_smem = m_smem.slice(0, BLOCK_H)
     m_b_smem = m_smem.slice(BLOCK_H, BLOCK_H)
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_bar, seg & 1)
 
     for j in range(gl.cdiv(n_tiles, 2)):
-        ph = j & 1
+        ph = (pa + j) & 1  # stage 0's laps and the pair's mbarriers
+        ph_b = (pb + j) & 1  # stage 1's (a segment's odd last pair has no B)
+        last = 2 * j + 2 >= n_tiles
         n_a = start + 2 * j * TILE
         n_b = n_a + TILE
         has_b = 2 * j + 1 < n_tiles
@@ -276,6 +282,8 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
                                BLOCK_H, TILE)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             mbarrier.arrive(sa_done, count=1)  # warpgroup 1's score MMA may start
+            if PLAN:
+                _free_q(q_free, last)
             s = _masked_scores(s, bits, n_a, qk_scale, clean_end, end, row_end, offs_t,
                                page_bit, TILE, PAGE, QLEN)
             m_a = gl.maximum(m_old, gl.max(s, 1))
@@ -311,12 +319,12 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
             bits = _tile_ids(bt_row, n_b, end, has_b, num_pages, oob_row, TILE, PAGE)[4]
             if has_b:
                 if n_b + TILE > end:
-                    _wait_tile(ready, 1 - st_a, ph)
+                    _wait_tile(ready, 1 - st_a, ph_b)
                     _zero_tail(kv_b, end - n_b, zero_l, TILE, DV)
             # staggered: B's score MMA runs under warpgroup 0's softmax of A (without B,
             # it reads a stage no copy fills and every score is masked)
             mbarrier.wait(sa_done, ph)
-            s = _seesaw_scores(q_smem, qpe_smem, kv_b, pe_b, ready, 1 - st_a, ph, has_b,
+            s = _seesaw_scores(q_smem, qpe_smem, kv_b, pe_b, ready, 1 - st_a, ph_b, has_b,
                                s_layout, BLOCK_H, TILE)
             mbarrier.wait(pa_ready, ph)  # A's P and row max
             m_a = gl.convert_layout(m_a_smem.load(vec_l), row_s)
@@ -325,6 +333,8 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
             acc = warpgroup_mma(p_smem, kv_a.slice(HALF, HALF, dim=1), acc, is_async=True)
             # B's scores (issued before A's PV MMA) are done; the PV MMA may still run
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+            if PLAN:
+                _free_q(q_free, last)
             s = _masked_scores(s, bits, n_b, qk_scale, clean_end, end, row_end, offs_t,
                                page_bit, TILE, PAGE, QLEN)
             m_b = gl.maximum(m_a, gl.max(s, 1))
@@ -352,7 +362,7 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
     l_smem.slice(ME * BLOCK_H, BLOCK_H).store(gl.convert_layout(l_me, vec_l))
     gl.thread_barrier()
     mbarrier.arrive(fin_bar, count=1)
-    mbarrier.wait(fin_bar, 0)
+    mbarrier.wait(fin_bar, seg & 1)
     l_i = l_me + gl.convert_layout(l_smem.slice((1 - ME) * BLOCK_H, BLOCK_H).load(vec_l),
                                    row_s)
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
@@ -363,28 +373,97 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
 
 
 @gluon.jit
+def _free_q(q_free, last):
+    """A warpgroup's last score MMA of its segment is done (every warp's): the copy warp
+    may load the next segment's q."""
+    if last:
+        gl.thread_barrier()
+        mbarrier.arrive(q_free, count=1)
+
+
+@gluon.jit
+def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem,
+               ready, empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, q_free,
+               bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b,
+               split, pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb,
+               stride_plh, WP, SL, BT, stride_btb, max_len, seg0, n_seg,
+               BLOCK_H: gl.constexpr, TILE: gl.constexpr, PAGE: gl.constexpr,
+               DV: gl.constexpr, QLEN: gl.constexpr, PLAN: gl.constexpr):
+    """Warpgroup ``ME`` over its program's work: the split's tokens, or (``PLAN``) the
+    ``n_seg`` segments of its part from slot ``seg0`` on (work_plan.py), the ring's laps
+    and the pairs' mbarriers' phases carried from segment to segment."""
+    if PLAN:
+        pa = n_seg * 0  # pairs so far (stage 0's laps)
+        pb = n_seg * 0  # stage 1's laps
+        for k in range(n_seg):
+            b, start, end, seq_len, n_tiles, bt_row = _segment(WP, SL, BT, stride_btb, max_len,
+                                                               seg0 + k, TILE)
+            _seesaw_seg(ME, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem,
+                        ready, empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar,
+                        q_free, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row,
+                        qk_scale, PO, PL, b, seg0 + k, pid_h, heads, stride_pob, stride_poh,
+                        stride_pos, stride_plb, stride_plh, pa, pb, k, BLOCK_H, TILE, PAGE,
+                        DV, QLEN, True)
+            pa += gl.cdiv(n_tiles, 2)
+            pb += n_tiles // 2
+    else:
+        _seesaw_seg(ME, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
+                    empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, q_free,
+                    bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO,
+                    PL, b, split, pid_h, heads, stride_pob, stride_poh, stride_pos,
+                    stride_plb, stride_plh, 0, 0, 0, BLOCK_H, TILE, PAGE, DV, QLEN, False)
+
+
+@gluon.jit
 def _seesaw_wg0(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-                empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
-                end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
-                heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-                BLOCK_H: gl.constexpr, TILE: gl.constexpr, PAGE: gl.constexpr,
-                DV: gl.constexpr, QLEN: gl.constexpr):
+                empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, q_free, bt_row,
+                start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
+                pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, WP,
+                SL, BT, stride_btb, max_len, seg0, n_seg, BLOCK_H: gl.constexpr,
+                TILE: gl.constexpr, PAGE: gl.constexpr, DV: gl.constexpr,
+                QLEN: gl.constexpr, PLAN: gl.constexpr):
     _seesaw_wg(0, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-               empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
-               end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
-               heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-               BLOCK_H, TILE, PAGE, DV, QLEN)
+               empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, q_free, bt_row,
+               start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
+               pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, WP,
+               SL, BT, stride_btb, max_len, seg0, n_seg, BLOCK_H, TILE, PAGE, DV, QLEN, PLAN)
 
 
 @gluon.jit
 def _seesaw_wg1(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-                empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
-                end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
-                heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-                BLOCK_H: gl.constexpr, TILE: gl.constexpr, PAGE: gl.constexpr,
-                DV: gl.constexpr, QLEN: gl.constexpr):
+                empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, q_free, bt_row,
+                start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
+                pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, WP,
+                SL, BT, stride_btb, max_len, seg0, n_seg, BLOCK_H: gl.constexpr,
+                TILE: gl.constexpr, PAGE: gl.constexpr, DV: gl.constexpr,
+                QLEN: gl.constexpr, PLAN: gl.constexpr):
     _seesaw_wg(1, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
-               empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, bt_row, start,
-               end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split, pid_h,
-               heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-               BLOCK_H, TILE, PAGE, DV, QLEN)
+               empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, q_free, bt_row,
+               start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale, PO, PL, b, split,
+               pid_h, heads, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, WP,
+               SL, BT, stride_btb, max_len, seg0, n_seg, BLOCK_H, TILE, PAGE, DV, QLEN, PLAN)
+
+
+@gluon.jit
+def _seesaw_producer(kv_desc, pe_desc, q_desc, qpe_desc, kv_smem, pe_smem, q_smem, qpe_smem,
+                     ready, empty, q_bar, q_free, bt_row, start, end, n_tiles, num_pages,
+                     oob_row, pid_h, heads, WP, SL, BT, stride_btb, max_len, seg0, n_seg,
+                     TILE: gl.constexpr, PAGE: gl.constexpr, STAGES: gl.constexpr,
+                     BLOCK_H: gl.constexpr, QLEN: gl.constexpr, PLAN: gl.constexpr):
+    """The seesaw's copy warp over its program's work (see :func:`_seesaw_wg`); with
+    ``PLAN`` it also loads each segment's q, the next once both warpgroups freed it."""
+    if PLAN:
+        pa = n_seg * 0
+        pb = n_seg * 0
+        for k in range(n_seg):
+            b, start, end, seq_len, n_tiles, bt_row = _segment(WP, SL, BT, stride_btb, max_len,
+                                                               seg0 + k, TILE)
+            _load_q(q_desc, qpe_desc, q_smem, qpe_smem, q_bar, q_free, k, b, pid_h, heads,
+                    BLOCK_H, QLEN)
+            _producer_blocks(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start,
+                             end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES, pa, pb)
+            pa += gl.cdiv(n_tiles, 2)
+            pb += n_tiles // 2
+    else:
+        _producer_blocks(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
+                         n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)

@@ -126,17 +126,66 @@ def _mean_len(SL, max_len, batch, num_warps: gl.constexpr):
 @gluon.jit
 def _producer(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end, n_tiles,
               num_pages, oob_row, TILE: gl.constexpr, PAGE: gl.constexpr,
-              STAGES: gl.constexpr):
+              STAGES: gl.constexpr, g=0):
     """The copy warp: each tile's page ids, then its TMA copies into the ring's stage once
-    the consumers released it (``empty``); the copies complete ``ready``."""
+    the consumers released it (``empty``); the copies complete ``ready``. ``g``: the tiles
+    the ring took before (earlier segments)."""
     for i in range(n_tiles):
-        st = i % STAGES
+        st = (g + i) % STAGES
         r0, r1, r2, r3, bits = _tile_ids(bt_row, start + i * TILE, end, True, num_pages,
                                          oob_row, TILE, PAGE)
         # a fresh mbarrier's preceding phase counts as complete: the first lap passes
-        mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)
+        mbarrier.wait(empty.index(st), (((g + i) // STAGES) & 1) ^ 1)
         _copy_tile(kv_desc, pe_desc, kv_smem, pe_smem, ready, r0, r1, r2, r3, True, st,
                    TILE, PAGE)
+
+
+@gluon.jit
+def _plan_producer(kv_desc, pe_desc, q_desc, qpe_desc, kv_smem, pe_smem, q_smem, qpe_smem,
+                   ready, empty, q_bar, q_free, bt_row, start, end, n_tiles, num_pages,
+                   oob_row, pid_h, heads, WP, SL, BT, stride_btb, max_len, seg0, n_seg,
+                   TILE: gl.constexpr, PAGE: gl.constexpr, STAGES: gl.constexpr,
+                   BLOCK_H: gl.constexpr, QLEN: gl.constexpr, PLAN: gl.constexpr):
+    """The copy warp of the form with both warpgroups on each tile over its program's work:
+    the split's tiles, or (``PLAN``) each segment's q and tiles (work_plan.py)."""
+    if PLAN:
+        g = n_seg * 0
+        for k in range(n_seg):
+            b, start, end, seq_len, n_tiles, bt_row = _segment(WP, SL, BT, stride_btb, max_len,
+                                                               seg0 + k, TILE)
+            _load_q(q_desc, qpe_desc, q_smem, qpe_smem, q_bar, q_free, k, b, pid_h, heads,
+                    BLOCK_H, QLEN)
+            _producer(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
+                      n_tiles, num_pages, oob_row, TILE, PAGE, STAGES, g)
+            g += n_tiles
+    else:
+        _producer(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
+                  n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)
+
+
+@gluon.jit
+def _segment(WP, SL, BT, stride_btb, max_len, slot, TILE: gl.constexpr):
+    """A work plan's segment at ``slot`` (work_plan.py): its request ``b``, tokens
+    ``[start, end)``, the request's clamped length, the segment's tiles and the request's
+    block-table row."""
+    b = gl.load(WP + slot * 3)
+    start = gl.load(WP + slot * 3 + 1)
+    end = gl.load(WP + slot * 3 + 2)
+    seq_len = gl.minimum(gl.maximum(gl.load(SL + b), 0), max_len)
+    n_tiles = gl.maximum(gl.cdiv(end - start, TILE), 0)
+    return b, start, end, seq_len, n_tiles, BT + b * stride_btb
+
+
+@gluon.jit
+def _load_q(q_desc, qpe_desc, q_smem, qpe_smem, q_bar, q_free, k, b, pid_h, heads,
+            BLOCK_H: gl.constexpr, QLEN: gl.constexpr):
+    """Segment ``k``'s q (its request's rows of the program's row block) by TMA, once the
+    warpgroups freed the previous segment's (``q_free``; the first passes)."""
+    mbarrier.wait(q_free, (k - 1) & 1, pred=k > 0)
+    q_row = b * (QLEN * heads) + pid_h * BLOCK_H
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + qpe_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
 
 
 @gluon.jit

@@ -428,7 +428,7 @@ def _decode_reduce(
     d_blk = tl.program_id(1)
     b = tl.program_id(2)
     if PLAN:  # SL is the work plan's per-request rows: (first item, items); the partials
-        # are one slot per item (work_plan.py)
+        # are one slot per segment (work_plan.py)
         first = tl.load(SL + b * stride_sl)
         n_valid = tl.load(SL + b * stride_sl + 1)
         pl = PL + row * stride_plh + first

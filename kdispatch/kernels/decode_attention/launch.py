@@ -31,7 +31,7 @@ from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_s
 from kdispatch.kernels.decode_attention.spec import grid_splits, resident_per_sm, tile_smem
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.kernels.decode_attention.work_plan import (plan_buffer, plan_items, plan_launch,
-                                                          plan_parts)
+                                                          plan_parts, plan_views)
 from kdispatch.kernels.decode_attention.zero_row import _ZERO_ROWS, zero_row
 from kdispatch.launching import (KernelLaunch, hooks_installed,
                                  make_direct, raw_stream)
@@ -106,10 +106,10 @@ def plan(config: Any, b: int, hq: int, dk: int, page: int, hk: int, dv: int, sha
     not the Triton latent 64-row tile (the length scan made ptxas spill 264-268 B there).
     """
     if gluon:
-        if config.plan:  # one program per item of the device's work plan (work_plan.py)
+        if config.plan:  # a persistent program per part of the device's work plan
             return _gluon_plan(config, b, hq, dv, q_len, q4d, page, 0, kv_fp8,
                                kv_fp8 and scaled, plan_parts(int(config.num_kv_splits),
-                                                             cu_count, -(-q_len * hq // 64)))
+                                                             cu_count, q_len * hq))
         g = (grid_splits(int(config.num_kv_splits), b, hq * q_len, dv, table_tokens,
                          int(config.block_n)) if balance and b > 1 else 0)
         return _gluon_plan(config, b, hq, dv, q_len, q4d, page, g, kv_fp8, kv_fp8 and scaled)
@@ -177,8 +177,9 @@ def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
     """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
     latent tile orders them; 64-token tiles of ``64 // page`` cache pages; an fp8 latent
     converted per tile, with its scales when ``scaled``) and the reduce, over ``g`` grid
-    splits (0: the config's count); with ``parts``, over the items of a work plan of that
-    many parts instead (one partial slot per item; a request merges at most ``parts``)."""
+    splits (0: the config's count); with ``parts``, one persistent program per part of a
+    work plan of that many parts instead (one partial slot per segment; a request merges at
+    most ``parts``)."""
     splits = int(config.num_kv_splits)
     g = g or splits
     items = plan_items(parts, b) if parts else 0
@@ -186,7 +187,7 @@ def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
     if parts:
         reduce["reduce_constexprs"]["PLAN"] = True
     return Plan(
-        latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), items or b,
+        latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), parts or b,
                            1 if parts else g),
         constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
                         PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n),
@@ -264,20 +265,19 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     freshly allocated workspace (and, for a Triton stage 1, :func:`zero_row` unless
     ``zeros`` is given; the Gluon stage 1 reads none)."""
     po, pl, cnt = _workspace(p, q)
-    out_launches, wp, sl = [], None, seq_lens
+    out_launches, wp, sl, parts_rows = [], None, seq_lens, None
     if p.plan_parts:  # the work plan first; the reduce reads its per-request rows
-        items = p.grid[1]
-        wp = plan_buffer(seq_lens, items)
+        wp = plan_buffer(seq_lens, items := p.partials_shape[2], p.plan_parts)  # type: ignore
         out_launches.append(plan_launch(seq_lens, wp, block_table.shape[1] * k_cache.shape[1],
                                         p.plan_parts, items))
-        sl = wp[items * 3:].view(-1, 2)
+        sl, parts_rows = plan_views(wp, items, seq_lens.shape[0])
     if p.gluon:
         _, args, _ = stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
                                         p.constexprs["NUM_KV_SPLITS"], po, pl,
                                         p.constexprs["GRID_SPLITS"],
                                         k_scale if p.constexprs["KV_SCALED"] else None,
                                         v_scale if p.constexprs["KV_SCALED"] else None, wp,
-                                        p.grid[1])
+                                        parts_rows)
         out_launches.append(KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs,
                                          p.options))
     else:

@@ -302,7 +302,8 @@ class DecodeConfig(OpConfig):
     #: copies, for the 64-row MLA tiles that :func:`gluon_fits` names)
     kernel: Literal["triton", "gluon"] = "triton"
     #: the Gluon stage 1 only: a work plan computed on the device from the lengths cuts
-    #: the batch into items of equal work, ``num_kv_splits`` per SM share (work_plan.py)
+    #: the batch's tiles into equal parts, one persistent program each, ``num_kv_splits``
+    #: per SM share (work_plan.py)
     plan: bool = False
 
     @model_serializer(mode="wrap")
@@ -563,15 +564,14 @@ def gluon_config(splits: int, plan: bool = False) -> DecodeConfig:
                         block_h=GLUON_ROWS, num_warps=8, num_stages=2, plan=plan)
 
 
-#: items per SM share the tuner tries with the work plan (H200 session 26, ragged batches
-#: of 128 requests at 128 heads: 4 best at means 4k-16k, 8 at 32k, 2 and 1 behind)
-PLAN_SPLITS = (2, 4)
+#: persistent programs per SM share the tuner tries with the work plan (1: one wave)
+PLAN_SPLITS = (1, 2)
 
 
 def plan_workspace_bytes(key: DecodeKey, splits: int) -> int:
     """The partials of a work plan (:mod:`work_plan`): ``plan_items`` slots a row."""
     rows = key.q_len * key.num_q_heads
-    parts = plan_parts(splits, key.cu_count, -(-rows // GLUON_ROWS))
+    parts = plan_parts(splits, key.cu_count, rows)
     return plan_items(parts, key.batch) * rows * (key.head_dim_v + 1) * 4
 
 
