@@ -32,20 +32,31 @@ CASES = ("full-b32:32,16384", "parts-b66:66,16384", "rag-b128:128,16384,rag",
          "rag-b128-4k:128,4096,rag")
 
 
-def inputs(batch: int, ctx: int, rag: bool, seed: int = 0) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def inputs(batch: int, ctx: int, rag: bool, seed: int = 0, device: str = "cuda") -> dict:
+    """decode_attention's arguments for a case (every length ``ctx``, or ragged)."""
+    g = torch.Generator(device=device).manual_seed(seed)
     width = 2 * ctx if rag else ctx
     pages = -(-width // PAGE)
-    kv = torch.randn(batch * pages + 1, PAGE, 1, DK, device="cuda", generator=g).bfloat16()
-    q = torch.randn(batch, HQ, DK, device="cuda", generator=g).bfloat16()
-    bt = torch.randperm(kv.shape[0], device="cuda", generator=g)[:batch * pages]
+    kv = torch.randn(batch * pages + 1, PAGE, 1, DK, device=device, generator=g).bfloat16()
+    q = torch.randn(batch, HQ, DK, device=device, generator=g).bfloat16()
+    bt = torch.randperm(kv.shape[0], device=device, generator=g)[:batch * pages]
     if rag:
-        lens = torch.normal(float(ctx), ctx / 2, (batch,), device="cuda", generator=g)
+        lens = torch.normal(float(ctx), ctx / 2, (batch,), device=device, generator=g)
         lens = lens.round().clamp(1, width)
     else:
-        lens = torch.full((batch,), ctx, device="cuda")
+        lens = torch.full((batch,), ctx, device=device)
     return dict(q=q, k_cache=kv, v_cache=kv[..., :DV], block_table=bt.view(batch, pages).int(),
                 seq_lens=lens.int(), scale=DK ** -0.5)
+
+
+def parse_configs(items: list[str]) -> dict:
+    """``NAME=JSON`` items (``num_kv_splits``, optional ``plan``) as Gluon configs."""
+    cfgs = {}
+    for item in items:
+        name, js = item.split("=", 1)
+        d = json.loads(js)
+        cfgs[name] = gluon_config(int(d["num_kv_splits"]), bool(d.get("plan", False)))
+    return cfgs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,11 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
-    cfgs = {}
-    for c in args.config:
-        name, js = c.split("=", 1)
-        d = json.loads(js)
-        cfgs[name] = gluon_config(int(d["num_kv_splits"]), bool(d.get("plan", False)))
+    cfgs = parse_configs(args.config)
     rows = []
     for case in args.case or CASES:
         name, spec = case.split(":")
