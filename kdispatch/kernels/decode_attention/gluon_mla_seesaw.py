@@ -52,6 +52,15 @@ first lap copies at once); and none can complete a phase twice ahead of its wait
     pb_ready (1)          wg1, P_B and m_b stored (every pair)    wg0, m_b, PV MMA of B
     fin_bar (2)           both, row sums stored (phase 0)         both
 
+With a work plan (``PLAN``: a persistent program over its part's segments, work_plan.py)
+the table runs on across segments: ``fin_bar`` and ``q_bar`` complete once a segment
+(phase: the segment's index), stage 0's mbarriers once a pair (phase: the pairs of the
+earlier segments ``pa`` plus ``j``), stage 1's once a B tile (``pb``: the B tiles so far;
+a segment's odd last pair has none), and ``q_free`` (2: each warpgroup once its last
+score MMA of the segment is done) lets the copy warp load the next segment's q. A
+segment's odd last pair scores stage 1 unwaited while the copy warp may already fill it
+for the next segment: those scores are masked whatever they read.
+
 Points that hold it together:
 
 - **The P buffer needs no "free" mbarrier** (the landed seesaw's ``pb_done``, gone): P_B's
