@@ -1,5 +1,5 @@
-"""tools/plan_launches.py's pieces that run without a GPU: its cases' inputs and its
-config arguments (the timing itself needs CUDA graphs)."""
+"""tools/plan_launches.py's pieces that run without a GPU: its cases (bench_decode shapes)
+and its config arguments (inputs and timing need CUDA)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ from kdispatch.kernels.decode_attention import spec
 from tool_modules import tool
 
 
-def test_full_and_ragged_inputs():
+def test_cases_are_bench_decode_shapes():
     pl = tool("plan_launches")
-    full = pl.inputs(3, 128, False, device="cpu")
-    assert full["seq_lens"].tolist() == [128] * 3
-    assert full["block_table"].shape == (3, 2) and full["k_cache"].shape[1:] == (64, 1, 576)
-    assert full["v_cache"].shape[-1] == 512 and full["q"].shape == (3, 128, 576)
-    assert len(set(full["block_table"].flatten().tolist())) == 6  # distinct pages
-    rag = pl.inputs(64, 128, True, seed=1, device="cpu")
-    lens = rag["seq_lens"]
-    assert rag["block_table"].shape == (64, 4)  # a table twice the context wide
-    assert lens.min() >= 1 and lens.max() <= 256 and len(set(lens.tolist())) > 10
+    full = pl.case_shape("full-b32:32,16384")
+    assert (full.name, full.batch, full.hq, full.hk, full.dk, full.dv) == (
+        "full-b32", 32, 128, 1, 576, 512)
+    assert full.latent and full.page == 64 and full.lengths() == [16384] * 32
+    rag = pl.case_shape("rag:64,128,rag")
+    lens = rag.lengths()
+    assert rag.context == 256 and rag.mean == 128  # a table twice the mean wide
+    assert min(lens) >= 1 and max(lens) <= 256 and len(set(lens)) > 10
 
 
 def test_configs_are_gluon_configs():

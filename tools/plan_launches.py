@@ -6,8 +6,8 @@ per source tree (``PYTHONPATH=<tree>``) in one device call to compare two kernel
     python tools/plan_launches.py --config s2='{"num_kv_splits": 2}' \\
         --config pl1='{"num_kv_splits": 1, "plan": true}' --out $OUT/launches.json
 
-A case is ``name:batch,context[,rag]`` (``rag``: lengths drawn from N(context, context / 2)
-in [1, 2 context], the table 2 context wide).
+A case is ``name:batch,context[,rag]`` (``rag``: bench_decode's ragged lengths around a
+mean of ``context``, in a table twice as wide).
 """
 
 from __future__ import annotations
@@ -17,36 +17,27 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import time_fns  # noqa: E402
+from bench_decode import Shape, make_sets, time_fns  # noqa: E402
 
 from kdispatch.kernels.decode_attention.launch import (  # noqa: E402
     launch_decode_attention, planned_launches)
 from kdispatch.kernels.decode_attention.spec import gluon_config  # noqa: E402
 
-HQ, DK, DV, PAGE = 128, 576, 512, 64
 CASES = ("full-b32:32,16384", "parts-b66:66,16384", "rag-b128:128,16384,rag",
          "rag-b128-4k:128,4096,rag")
 
 
-def inputs(batch: int, ctx: int, rag: bool, seed: int = 0, device: str = "cuda") -> dict:
-    """decode_attention's arguments for a case (every length ``ctx``, or ragged)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    width = 2 * ctx if rag else ctx
-    pages = -(-width // PAGE)
-    kv = torch.randn(batch * pages + 1, PAGE, 1, DK, device=device, generator=g).bfloat16()
-    q = torch.randn(batch, HQ, DK, device=device, generator=g).bfloat16()
-    bt = torch.randperm(kv.shape[0], device=device, generator=g)[:batch * pages]
-    if rag:
-        lens = torch.normal(float(ctx), ctx / 2, (batch,), device=device, generator=g)
-        lens = lens.round().clamp(1, width)
-    else:
-        lens = torch.full((batch,), ctx, device=device)
-    return dict(q=q, k_cache=kv, v_cache=kv[..., :DV], block_table=bt.view(batch, pages).int(),
-                seq_lens=lens.int(), scale=DK ** -0.5)
+def case_shape(case: str) -> Shape:
+    """A case as bench_decode's shape: 128 heads, the 576/512 latent, 64-token pages,
+    bf16."""
+    name, spec = case.split(":")
+    parts = spec.split(",")
+    batch, ctx = int(parts[0]), int(parts[1])
+    rag = "rag" in parts[2:]
+    return Shape(name, batch, 128, 1, 576, 512, 2 * ctx if rag else ctx, page=64,
+                 mean=ctx if rag else 0)
 
 
 def parse_configs(items: list[str]) -> dict:
@@ -69,13 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     cfgs = parse_configs(args.config)
     rows = []
     for case in args.case or CASES:
-        name, spec = case.split(":")
-        parts = spec.split(",")
-        inp = inputs(int(parts[0]), int(parts[1]), "rag" in parts[2:])
+        shape = case_shape(case)
+        inp = make_sets(shape, 1, 0)[0]
         for cname, cfg in cfgs.items():
             call = time_fns([lambda: launch_decode_attention(cfg, **inp)])[0]
             each = [(t.fn.__name__, time_fns([t.run])[0]) for t in planned_launches(cfg, **inp)]
-            row = {"tag": args.tag, "case": name, "config": cname, "call_us": round(call, 1),
+            row = {"tag": args.tag, "case": shape.name, "config": cname, "call_us": round(call, 1),
                    "launches_us": {n: round(us, 1) for n, us in each}}
             rows.append(row)
             print(json.dumps(row), flush=True)
