@@ -21,10 +21,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # the constants stay visible here as in the one module the H200 table was tuned on
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (  # noqa: F401
     BLOCK_H, BLOCK_N, DV)
-from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_f8_to_f16, _q_to_f16,
-                                                                _segment, _softmax,
-                                                                _store_partials, _tile_ids,
-                                                                _zero_tail)
+from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_f8_to_f16, _free_q,
+                                                                _q_to_f16, _segment,
+                                                                _softmax, _store_partials,
+                                                                _tile_ids, _zero_tail)
 
 
 @gluon.jit
@@ -146,9 +146,7 @@ def _consumer_seg(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, kv16, pe16, ready,
             QLEN, KV_FP8, num_warps)
 
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    if PLAN:  # every warp's MMAs are done with q (each tile's were waited)
-        gl.thread_barrier()
-        mbarrier.arrive(q_free, count=1)
+    _free_q(q_free, PLAN)  # every warp's MMAs are done with q (each tile's were waited)
     l_i = gl.sum(l_2d, 1)
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
     if KV_SCALED:  # the dequantized latent (as V) = stored * v_scale

@@ -55,7 +55,7 @@ first lap copies at once); and none can complete a phase twice ahead of its wait
 With a work plan (``PLAN``: a persistent program over its part's segments, work_plan.py)
 the table runs on across segments: ``fin_bar`` and ``q_bar`` complete once a segment
 (phase: the segment's index), stage 0's mbarriers once a pair (phase: the pairs of the
-earlier segments ``pa`` plus ``j``), stage 1's once a B tile (``pb``: the B tiles so far;
+earlier segments ``laps0`` plus ``j``), stage 1's once a B tile (``laps1``: the B tiles so far;
 a segment's odd last pair has none), and ``q_free`` (2: each warpgroup once its last
 score MMA of the segment is done) lets the copy warp load the next segment's q. A
 segment's odd last pair scores stage 1 unwaited while the copy warp may already fill it
@@ -114,9 +114,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # the constants stay visible here as in the one module the H200 table was tuned on
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (  # noqa: F401
     BLOCK_H, BLOCK_N, DV)
-from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_load_q, _masked_scores,
-                                                                _segment, _store_partials,
-                                                                _tile_ids, _zero_tail)
+from kdispatch.kernels.decode_attention.gluon_mla_tiles import (_free_q, _load_q,
+                                                                _masked_scores, _segment,
+                                                                _store_partials, _tile_ids,
+                                                                _zero_tail)
 
 
 @gluon.jit
@@ -154,18 +155,18 @@ def _wait_tile(ready, st, ph):
 @gluon.jit
 def _producer_blocks(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
                      n_tiles, num_pages, oob_row, TILE: gl.constexpr, PAGE: gl.constexpr,
-                     STAGES: gl.constexpr, pa=0, pb=0):
+                     STAGES: gl.constexpr, laps0=0, laps1=0):
     """The seesaw's copy warp: each tile's page ids, then its copies in 64-column blocks,
     each block's pages completing that block's ready mbarrier, part by part as the
     warpgroups release them (``empty[3 * stage + part]``): the right half, the rope, the
-    left half. ``pa`` / ``pb``: the laps stage 0 / 1 made before (earlier segments)."""
+    left half. ``laps0`` / ``laps1``: the laps stage 0 / 1 made before (earlier segments)."""
     NP: gl.constexpr = TILE // PAGE if PAGE < TILE else 1
     for i in range(n_tiles):
         st = i % STAGES
         r0, r1, r2, r3, bits = _tile_ids(bt_row, start + i * TILE, end, True, num_pages,
                                          oob_row, TILE, PAGE)
         # a fresh mbarrier's preceding phase counts as complete: the first lap passes
-        eph = ((i // STAGES + pa + (pb - pa) * st) & 1) ^ 1
+        eph = ((i // STAGES + laps0 + (laps1 - laps0) * st) & 1) ^ 1
         kv = kv_smem.index(st)
         mbarrier.wait(empty.index(st * 3 + 2), eph)
         _copy_half(kv_desc, kv, ready, st, r0, r1, r2, r3, 4, TILE, PAGE)
@@ -223,12 +224,12 @@ def _seesaw_seg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_
                 l_smem, ready, empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar,
                 q_free, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row, qk_scale,
                 PO, PL, b, split, pid_h, heads, stride_pob, stride_poh, stride_pos,
-                stride_plb, stride_plh, pa, pb, seg, BLOCK_H: gl.constexpr,
+                stride_plb, stride_plh, laps0, laps1, seg, BLOCK_H: gl.constexpr,
                 TILE: gl.constexpr, PAGE: gl.constexpr, DV: gl.constexpr,
                 QLEN: gl.constexpr, PLAN: gl.constexpr):
     """Warpgroup ``ME`` (0 or 1) of the bf16 seesaw (the module docstring's protocol) over
     one segment of tokens ``[start, end)`` (a split's, or a work plan's segment ``seg`` of
-    its part, after ``pa`` pairs and ``pb`` tiles in stage 1). Warpgroup 0 scores A and
+    its part, after ``laps0`` pairs and ``laps1`` tiles in stage 1). Warpgroup 0 scores A and
     holds O's left 256 columns, warpgroup 1 scores B and holds the right ones. The row
     sums stay per warpgroup (each of the P it computed) until the end (``fin_bar``). With
     ``PLAN`` each warpgroup arrives ``q_free`` once its last score MMA is done (the copy
@@ -268,8 +269,8 @@ def _seesaw_seg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_
     mbarrier.wait(q_bar, seg & 1)
 
     for j in range(gl.cdiv(n_tiles, 2)):
-        ph = (pa + j) & 1  # stage 0's laps and the pair's mbarriers
-        ph_b = (pb + j) & 1  # stage 1's (a segment's odd last pair has no B)
+        ph = (laps0 + j) & 1  # stage 0's laps and the pair's mbarriers
+        ph_b = (laps1 + j) & 1  # stage 1's (a segment's odd last pair has no B)
         last = 2 * j + 2 >= n_tiles
         n_a = start + 2 * j * TILE
         n_b = n_a + TILE
@@ -382,12 +383,10 @@ def _seesaw_seg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_
 
 
 @gluon.jit
-def _free_q(q_free, last):
-    """A warpgroup's last score MMA of its segment is done (every warp's): the copy warp
-    may load the next segment's q."""
-    if last:
-        gl.thread_barrier()
-        mbarrier.arrive(q_free, count=1)
+def _next_laps(laps0, laps1, n_tiles):
+    """The ring's laps after a segment of ``n_tiles`` tiles: stage 0 takes each pair's A
+    tile, stage 1 each B tile (an odd last pair has none)."""
+    return laps0 + gl.cdiv(n_tiles, 2), laps1 + n_tiles // 2
 
 
 @gluon.jit
@@ -402,8 +401,8 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
     ``n_seg`` segments of its part from slot ``seg0`` on (work_plan.py), the ring's laps
     and the pairs' mbarriers' phases carried from segment to segment."""
     if PLAN:
-        pa = n_seg * 0  # pairs so far (stage 0's laps)
-        pb = n_seg * 0  # stage 1's laps
+        laps0 = n_seg * 0  # pairs so far (stage 0's laps)
+        laps1 = n_seg * 0  # stage 1's laps
         for k in range(n_seg):
             b, start, end, seq_len, n_tiles, bt_row = _segment(WP, SL, BT, stride_btb, max_len,
                                                                seg0 + k, TILE)
@@ -411,10 +410,9 @@ def _seesaw_wg(ME: gl.constexpr, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_s
                         ready, empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar,
                         q_free, bt_row, start, end, n_tiles, seq_len, num_pages, oob_row,
                         qk_scale, PO, PL, b, seg0 + k, pid_h, heads, stride_pob, stride_poh,
-                        stride_pos, stride_plb, stride_plh, pa, pb, k, BLOCK_H, TILE, PAGE,
+                        stride_pos, stride_plb, stride_plh, laps0, laps1, k, BLOCK_H, TILE, PAGE,
                         DV, QLEN, True)
-            pa += gl.cdiv(n_tiles, 2)
-            pb += n_tiles // 2
+            laps0, laps1 = _next_laps(laps0, laps1, n_tiles)
     else:
         _seesaw_seg(ME, q_smem, qpe_smem, kv_smem, pe_smem, p_smem, m_smem, l_smem, ready,
                     empty, pa_ready, pb_ready, pa_done, sa_done, fin_bar, q_bar, q_free,
@@ -462,17 +460,16 @@ def _seesaw_producer(kv_desc, pe_desc, q_desc, qpe_desc, kv_smem, pe_smem, q_sme
     """The seesaw's copy warp over its program's work (see :func:`_seesaw_wg`); with
     ``PLAN`` it also loads each segment's q, the next once both warpgroups freed it."""
     if PLAN:
-        pa = n_seg * 0
-        pb = n_seg * 0
+        laps0 = n_seg * 0
+        laps1 = n_seg * 0
         for k in range(n_seg):
             b, start, end, seq_len, n_tiles, bt_row = _segment(WP, SL, BT, stride_btb, max_len,
                                                                seg0 + k, TILE)
             _load_q(q_desc, qpe_desc, q_smem, qpe_smem, q_bar, q_free, k, b, pid_h, heads,
                     BLOCK_H, QLEN)
             _producer_blocks(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start,
-                             end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES, pa, pb)
-            pa += gl.cdiv(n_tiles, 2)
-            pb += n_tiles // 2
+                             end, n_tiles, num_pages, oob_row, TILE, PAGE, STAGES, laps0, laps1)
+            laps0, laps1 = _next_laps(laps0, laps1, n_tiles)
     else:
         _producer_blocks(kv_desc, pe_desc, kv_smem, pe_smem, ready, empty, bt_row, start, end,
                          n_tiles, num_pages, oob_row, TILE, PAGE, STAGES)

@@ -189,6 +189,15 @@ def _load_q(q_desc, qpe_desc, q_smem, qpe_smem, q_bar, q_free, k, b, pid_h, head
 
 
 @gluon.jit
+def _free_q(q_free, last):
+    """A warpgroup's last score MMA of its segment is done (every warp's): the copy warp
+    may load the next segment's q."""
+    if last:
+        gl.thread_barrier()
+        mbarrier.arrive(q_free, count=1)
+
+
+@gluon.jit
 def _zero_tail(kv, lim, zero_l: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr):
     """A partial tile's V rows from ``lim`` on as zeros in shared memory (a stale row must
     not turn ``0 * NaN`` into a NaN in PV), fenced and behind a barrier."""

@@ -267,7 +267,8 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     po, pl, cnt = _workspace(p, q)
     out_launches, wp, sl, parts_rows = [], None, seq_lens, None
     if p.plan_parts:  # the work plan first; the reduce reads its per-request rows
-        wp = plan_buffer(seq_lens, items := p.partials_shape[2], p.plan_parts)  # type: ignore
+        items = p.partials_shape[2]
+        wp = plan_buffer(seq_lens, items, p.plan_parts)  # type: ignore
         out_launches.append(plan_launch(seq_lens, wp, block_table.shape[1] * k_cache.shape[1],
                                         p.plan_parts, items))
         sl, parts_rows = plan_views(wp, items, seq_lens.shape[0])

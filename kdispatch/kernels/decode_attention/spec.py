@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name, is_fp8, itemsize
 from kdispatch.kernels._common import pdl_capable
+from kdispatch.kernels.decode_attention.gluon_mla_tiles import BLOCK_H, BLOCK_N
 from kdispatch.kernels.decode_attention.work_plan import plan_items, plan_parts
 from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
 
@@ -183,10 +184,10 @@ MERGE_MAX_SPLITS_LATENT = 4
 #: the Gluon stage 1's shape: (head dim, v head dim), tokens per tile, rows per program;
 #: the cache page sizes it takes (a 64-token tile is 64 // page pages, one TMA copy each)
 GLUON_HEAD_DIMS = (576, 512)
-GLUON_TILE_TOKENS = 64
+GLUON_TILE_TOKENS = BLOCK_N
 GLUON_PAGE_SIZES = (16, 32, 64)
 GLUON_KV_DTYPES = ("bfloat16", "float8_e4m3fn")
-GLUON_ROWS = 64
+GLUON_ROWS = BLOCK_H
 #: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
 GLUON_MIN_ROWS = 16
 #: the heuristic takes the Gluon tile from this many (token, head) rows per request: more

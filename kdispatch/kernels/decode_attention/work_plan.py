@@ -34,12 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kdispatch.kernels.decode_attention.gluon_mla_tiles import BLOCK_H, BLOCK_N
 from kdispatch.launching import KernelLaunch
 
 #: tokens of a plan tile (the Gluon stage 1's tile)
-PLAN_TILE = 64
-#: (token, head) rows of a Gluon stage-1 program (a row block)
-PLAN_ROWS = 64
+PLAN_TILE = BLOCK_N
 #: parts the plan kernel marks empty at once
 _BLOCK_P = 128
 
@@ -113,7 +112,7 @@ def plan_parts(splits: int, cu_count: int, rows: int) -> int:
     """The plan's parts for ``rows`` (token, head) rows a request: ``splits`` persistent
     programs per SM share (an SM's share of one row block's work: ``cu_count /
     row_blocks`` SMs serve one of the ``cdiv(rows, 64)`` row blocks)."""
-    row_blocks = max(1, -(-rows // PLAN_ROWS))
+    row_blocks = max(1, -(-rows // BLOCK_H))
     return max(1, splits * max(1, cu_count // row_blocks))
 
 
