@@ -25,12 +25,15 @@ Not done: page-id validation (ids are trusted here), sliding windows, logit caps
 than one query token, the balanced grid; the host launch, the config and the tuner.
 Compiles for sm_90a (``compile_narrow()`` below; launch with ``maxnreg``: ptxas otherwise
 holds it to 32 registers); numerics and speed unverified (no device time was left).
-Where it stands (session 28): the K^T relabel is trivial and the operands load in 16-byte
-runs, but the compiled loop still repacks fp16 halves (809 PRMT, 291 LOP3 a tile and warp
-at 232 registers, 3.8 KB of spills): the converted values reach the MMA operands through
-per-element extracts. Next: produce each operand register's two halves in one conversion
-(``cvt.rn.f16x2.e4m3x2`` on the byte pair the fragment wants: for K^T the pair along k0,
-for V the pair of two token rows, formed with ``prmt``) so no repacking is left.
+Where it stands (session 28): every operand is loaded as 16-byte runs of int32 words
+and converted by ``cvt.rn.f16x2.e4m3x2`` straight into its MMA register (K^T's byte pairs
+along k, V's formed from two token rows by ``prmt``), the relabelling costs nothing, and
+the compiled loop has no shared memory but the score sum's: 1,120 instructions a 32-token
+tile and warp at 232 registers (180 B of spills), 136 conversions, 32 ``prmt``. That is
+4,480 warp instructions a tile against the landed tile's 2,476: the latent is converted
+twice (once per operand) and every warp runs the whole tile's softmax. The landed tile
+issues at 0.99 instructions a cycle (its shared-memory waits); this one would need ~1.8 to
+match it, so the register design alone does not promise the fp8 target.
 """
 
 from __future__ import annotations
@@ -60,6 +63,34 @@ def _f8_f16(x):
 
 
 @gluon.jit
+def _w_f16(x):
+    """An int32 word of four fp8 e4m3 bytes to four fp16 values (bytes 0-3), one
+    ``cvt.rn.f16x2.e4m3x2`` a byte pair."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; "
+        "cvt.rn.f16x2.e4m3x2 a, lo; cvt.rn.f16x2.e4m3x2 b, hi; "
+        "mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
+        "=h,=h,=h,=h,r", [x], dtype=(gl.float16, gl.float16, gl.float16, gl.float16),
+        is_pure=True, pack=1)
+
+
+@gluon.jit
+def _w2_f16(a, b):
+    """Two int32 words (two token rows' bytes of the same four columns) to the four
+    (row a, row b) fp16 pairs, column by column: one ``prmt`` per two pairs."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 p, q, x, y, z, w; .reg .b16 pl, ph, ql, qh; "
+        "prmt.b32 p, $8, $9, 0x5140; prmt.b32 q, $8, $9, 0x7362; "
+        "mov.b32 {pl, ph}, p; mov.b32 {ql, qh}, q; "
+        "cvt.rn.f16x2.e4m3x2 x, pl; cvt.rn.f16x2.e4m3x2 y, ph; "
+        "cvt.rn.f16x2.e4m3x2 z, ql; cvt.rn.f16x2.e4m3x2 w, qh; "
+        "mov.b32 {$0, $1}, x; mov.b32 {$2, $3}, y; mov.b32 {$4, $5}, z; "
+        "mov.b32 {$6, $7}, w; }",
+        "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [a, b], dtype=(gl.float16,) * 8, is_pure=True,
+        pack=1)
+
+
+@gluon.jit
 def _idx3(n0: gl.constexpr, n1: gl.constexpr, n2: gl.constexpr, layout: gl.constexpr):
     """The three index vectors of a [n0, n1, n2] tensor in ``layout``, expanded to 3-D."""
     i0 = gl.arange(0, n0, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
@@ -82,17 +113,18 @@ def _rows(BT, n0, end, stride_kp, stride_kt, tok, PAGE: gl.constexpr):
 @gluon.jit
 def _load_tile(KV, BT, n0, end, stride_kp, stride_kt, PAGE: gl.constexpr,
                LK: gl.constexpr, LP: gl.constexpr, LV: gl.constexpr):
-    """A tile's raw fp8 bytes in the three register layouts: K^T [w, kp, n] (LK), the rope's
-    K^T [w, kp, n] (LP), V [w, tok, cp] (LV); 16-, 4- and 16-byte runs a thread."""
-    w, kp, n = _idx3(W, CW, T, LK)
+    """A tile's raw fp8 bytes as int32 words in the three register layouts: K^T
+    [w, kw, n] (LK: 8 contiguous words a thread), the rope's [w, pw, n] (LP: one word),
+    V [w, tok, cw] (LV: 4 contiguous words a token)."""
+    w, kw, n = _idx3(W, CW // 4, T, LK)
     row, ok = _rows(BT, n0, end, stride_kp, stride_kt, n, PAGE)
-    k = gl.load(KV + row + w * CW + kp, mask=ok, other=0)
-    w, kp, n = _idx3(W, PE, T, LP)
+    k = gl.load(KV + row // 4 + w * (CW // 4) + kw, mask=ok, other=0)
+    w, pw, n = _idx3(W, PE // 4, T, LP)
     row, ok = _rows(BT, n0, end, stride_kp, stride_kt, n, PAGE)
-    pe = gl.load(KV + row + DV + w * PE + kp, mask=ok, other=0)
-    w, tok, cp = _idx3(W, T, CW, LV)
+    pe = gl.load(KV + row // 4 + DV // 4 + w * (PE // 4) + pw, mask=ok, other=0)
+    w, tok, cw = _idx3(W, T, CW // 4, LV)
     row, ok = _rows(BT, n0, end, stride_kp, stride_kt, tok, PAGE)
-    v = gl.load(KV + row + w * CW + cp, mask=ok, other=0)
+    v = gl.load(KV + row // 4 + w * (CW // 4) + cw, mask=ok, other=0)
     return k, pe, v
 
 
@@ -108,25 +140,25 @@ def _narrow_fp8_stage1(Q, KV, BT, SL, PO, PL, KS, VS, qk_scale, heads, max_len,
                                                   instr_shape=[1, 16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    # K^T [w, kp, n]: a thread's dot-operand k bits (0, 3, 4, 5, 6) as the low bits of the
-    # physical column kp (32 contiguous bytes), its lane's k bits (1, 2) as kp bits (5, 6)
+    # K^T as words [w, kw, n]: a byte's physical column kp = 4 kw + byte; the operand's k
+    # bits (0, 3) are the byte's, (4, 5, 6) a thread's word bits (8 contiguous words),
+    # (1, 2) the lane's word bits (3, 4)
     LK: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0], [0, 0, 8],
-                   [0, 0, 16]],
-        lane_bases=[[0, 32, 0], [0, 64, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[W, CW, T])
-    # the rope's K^T [w, kp, n]: k bits (0, 3) -> kp (0, 1), lane k bits (1, 2) -> kp (2, 3)
+        reg_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 0, 8], [0, 0, 16]],
+        lane_bases=[[0, 8, 0], [0, 16, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[W, CW // 4, T])
+    # the rope's K^T words [w, pw, n]: k bits (0, 3) the byte's, (1, 2) the lane's word
     LP: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1, 0], [0, 2, 0], [0, 0, 8], [0, 0, 16]],
-        lane_bases=[[0, 4, 0], [0, 8, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[W, PE, T])
-    # V [w, tok, cp]: output column bits (3-6) of a thread as the low bits of the physical
-    # column cp (16 contiguous bytes a token), the lane's column bits (0-2) as cp (4-6)
+        reg_bases=[[0, 0, 8], [0, 0, 16]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[W, PE // 4, T])
+    # V words [w, tok, cw]: a thread's 4 contiguous words (16 columns) of tokens with bits
+    # (0, 3, 4) in its registers; the output column n has bits (3-6) = the physical
+    # column's (0-3) and (0-2) = its (4-6)
     LV: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 8, 0],
-                   [0, 16, 0]],
-        lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 16], [0, 0, 32], [0, 0, 64]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[W, T, CW])
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 8, 0], [0, 16, 0]],
+        lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 4], [0, 0, 8], [0, 0, 16]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[W, T, CW // 4])
     s_l: gl.constexpr = gl.SliceLayout(0, mma)          # [H, T] scores, every warp
     row_l: gl.constexpr = gl.SliceLayout(1, s_l)         # [H]
     col_l: gl.constexpr = gl.SliceLayout(0, s_l)         # [T]
@@ -160,13 +192,16 @@ def _narrow_fp8_stage1(Q, KV, BT, SL, PO, PL, KS, VS, qk_scale, heads, max_len,
     kr, pr, vr = _load_tile(KV, bt, start, end, stride_kp, stride_kt, PAGE, LK, LP, LV)
     for n0 in range(start, end, T):
         nk, npe, nv = _load_tile(KV, bt, n0 + T, end, stride_kp, stride_kt, PAGE, LK, LP, LV)
-        # K^T: convert, relabel kp -> k (free), score
-        kt = gl.reshape(_f8_f16(kr), [W, 2, 2, 2, 2, 2, 2, 2, T])
-        kt = gl.reshape(gl.permute(kt, [0, 3, 4, 5, 6, 1, 2, 7, 8]), [W, CW, T])
-        kt = gl.convert_layout(kt, b_op, assert_trivial=True)
-        pt = gl.reshape(_f8_f16(pr), [W, 2, 2, 2, 2, T])
-        pt = gl.reshape(gl.permute(pt, [0, 3, 1, 2, 4, 5]), [W, PE, T])
-        pt = gl.convert_layout(pt, b_op, assert_trivial=True)
+        # K^T: each word to four fp16, relabelled to the operand's k order (free)
+        o0, o1, o2, o3 = _w_f16(kr)
+        x = gl.join(gl.join(o0, o1), gl.join(o2, o3))          # [w, kw, n, a, b]
+        x = gl.reshape(x, [W, 4, 8, T, 2, 2])                 # kw = (kw4 kw3, kw2-0)
+        x = gl.permute(x, [0, 2, 5, 1, 4, 3])                 # k = (kw2-0, b, kw4 kw3, a)
+        kt = gl.convert_layout(gl.reshape(x, [W, CW, T]), b_op)
+        o0, o1, o2, o3 = _w_f16(pr)
+        x = gl.join(gl.join(o0, o1), gl.join(o2, o3))          # [w, pw, n, a, b]
+        x = gl.permute(gl.reshape(x, [W, 2, 2, T, 2, 2]), [0, 5, 1, 2, 4, 3])
+        pt = gl.convert_layout(gl.reshape(x, [W, PE, T]), b_op)
         s3 = mma_v2(q, kt, gl.zeros([W, H, T], gl.float32, layout=mma))
         s3 = mma_v2(qpe, pt, s3)
         s = gl.sum(s3, axis=0) * qk_scale
@@ -180,9 +215,14 @@ def _narrow_fp8_stage1(Q, KV, BT, SL, PO, PL, KS, VS, qk_scale, heads, max_len,
         # P (every warp's own copy) times the warp's 128 columns of V
         p3 = gl.expand_dims(p.to(gl.float16), 0) + gl.zeros([W, H, T], gl.float16, layout=mma)
         p3 = gl.convert_layout(p3, a_op)
-        vt = gl.reshape(_f8_f16(vr), [W, T, 2, 2, 2, 2, 2, 2, 2])
-        vt = gl.reshape(gl.permute(vt, [0, 1, 5, 6, 7, 8, 2, 3, 4]), [W, T, CW])
-        vt = gl.convert_layout(vt, b_op)
+        # V: the two token rows of each pair side by side, column by column
+        va, vb = gl.split(gl.permute(gl.reshape(vr, [W, T // 2, 2, CW // 4]), [0, 1, 3, 2]))
+        a0, b0, a1, b1, a2, b2, a3, b3 = _w2_f16(va, vb)
+        z = gl.join(gl.join(gl.join(a0, b0), gl.join(a1, b1)),
+                    gl.join(gl.join(a2, b2), gl.join(a3, b3)))   # [w, tp, cw, s, c0, c1]
+        z = gl.reshape(z, [W, T // 2, 8, 4, 2, 2, 2])          # cw = (cw4-2, cw1 cw0)
+        z = gl.permute(z, [0, 1, 4, 3, 6, 5, 2])               # (tp, s), (cw1-0, c1, c0, cw4-2)
+        vt = gl.convert_layout(gl.reshape(z, [W, T, CW]), b_op)
         acc = mma_v2(p3, vt, acc * _bcast_rows(alpha, mma))
         kr, pr, vr = nk, npe, nv
 
@@ -218,11 +258,11 @@ def narrow_fp8(q: torch.Tensor, kv: torch.Tensor, block_table: torch.Tensor,
     po = torch.empty(b, splits, H.value, DV.value, device=q.device, dtype=torch.float32)
     pl = torch.empty(b, splits, H.value, device=q.device, dtype=torch.float32)
     page = kv.shape[1]
-    kv8 = kv.view(torch.uint8)
+    kv8 = kv.view(torch.int32)
     _narrow_fp8_stage1[(b, splits)](
         q, kv8, block_table, seq_lens, po, pl, k_scale, v_scale, scale * 1.4426950408889634,
-        heads, block_table.shape[1] * page, q.stride(0), q.stride(1), kv8.stride(0),
-        kv8.stride(1), block_table.stride(0), po.stride(0), po.stride(1), po.stride(2),
+        heads, block_table.shape[1] * page, q.stride(0), q.stride(1), kv8.stride(0) * 4,
+        kv8.stride(1) * 4, block_table.stride(0), po.stride(0), po.stride(1), po.stride(2),
         pl.stride(0), pl.stride(1), PAGE=page, SPLITS=splits, num_warps=W.value, maxnreg=232)
     return po, pl
 
@@ -242,7 +282,7 @@ def compile_narrow(page: int = 16, splits: int = 33, maxnreg: int = 232):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     names = _narrow_fp8_stage1.arg_names
-    types = ["*bf16", "*u8", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*fp32", "fp32"]
+    types = ["*bf16", "*i32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*fp32", "fp32"]
     sig = {n: (types[i] if i < len(types) else "i32") for i, n in enumerate(names)}
     sig.update(PAGE="constexpr", SPLITS="constexpr")
     aligned = [i for i, n in enumerate(names) if i < 8 or n.startswith("stride")]
