@@ -88,6 +88,17 @@ def ptxas_usage(kernel, arch: int, log: str | None = None) -> tuple[int | None, 
     return (int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else None)
 
 
+def disassemble(kernel, tool: str = "nvdisasm") -> str:
+    """The kernel's SASS from its cubin: ``nvdisasm -c`` (labelled branches) or
+    ``cuobjdump -sass`` (branches to addresses)."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        flag = "-c" if tool == "nvdisasm" else "-sass"
+        return subprocess.run([str(BIN / tool), flag, str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+
+
 def decode_launches(key, config):
     """The decode launches of ``config`` on small CPU tensors of ``key``'s dtypes and strides
     (what the compiled code depends on; the sizes that only reach the grid are cut, but the

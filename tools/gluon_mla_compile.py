@@ -24,16 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 # (compile_check clears TRITON_INTERPRET: the kernel must be a JIT function to compile)
-from compile_check import BIN, compile_launch, ptxas_log, ptxas_usage  # noqa: E402
+from compile_check import compile_launch, disassemble, ptxas_log, ptxas_usage  # noqa: E402
 
 from kdispatch.kernels.decode_attention import gluon_mla as G  # noqa: E402
 from kdispatch.launching import KernelLaunch  # noqa: E402
@@ -106,14 +104,6 @@ def spill_stores_by_limit(sass: str, launch_limit: int) -> dict[int, int]:
         elif re.search(r"\bSTL(\.\S+)? \[", line):
             out[limit] = out.get(limit, 0) + 1
     return out
-
-
-def disassemble(kernel) -> str:
-    with tempfile.TemporaryDirectory() as d:
-        cubin = Path(d) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        return subprocess.run([str(BIN / "nvdisasm"), "-c", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout
 
 
 def ptxas_report(kernel, arch: int = 90) -> dict:

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (compile_check clears TRITON_INTERPRET: the kernels must be JIT functions to compile)
-from compile_check import BIN, compile_launch, decode_launches  # noqa: E402
+from compile_check import compile_launch, decode_launches, disassemble  # noqa: E402
 
 from kdispatch.device import Device  # noqa: E402
 from kdispatch.dtypes import itemsize  # noqa: E402
@@ -89,20 +87,11 @@ def shared_bytes(loop: list[str], warps: int) -> dict[str, int]:
     return dict(out)
 
 
-def disassemble(kernel) -> str:
-    """The kernel's SASS (cuobjdump of its cubin)."""
-    with tempfile.TemporaryDirectory() as d:
-        cubin = Path(d) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        return subprocess.run([str(BIN / "cuobjdump"), "-sass", str(cubin)],
-                              capture_output=True, text=True, check=True).stdout
-
-
 def stage1_stats(key, config, arch: int = 90) -> dict:
     """The main loop of ``config``'s stage 1 at ``key`` compiled for ``sm_<arch>``:
     instructions a warp, MMAs, shared bytes by kind and per cache byte of a tile."""
     launch = decode_launches(key, config.model_copy(update={"pdl": False}))[0]
-    loop = main_loop(disassemble(compile_launch(launch, arch)))
+    loop = main_loop(disassemble(compile_launch(launch, arch), "cuobjdump"))
     warps = config.num_warps
     moved = shared_bytes(loop, warps)
     row = key.head_dim + (0 if key.latent else key.head_dim_v)
