@@ -111,7 +111,7 @@ def _work_plan(SL, WP, batch, max_len, stride_sl, PARTS: tl.constexpr, ITEMS: tl
 def plan_parts(splits: int, cu_count: int, rows: int) -> int:
     """The plan's parts for ``rows`` (token, head) rows a request: ``splits`` persistent
     programs per SM share (an SM's share of one row block's work: ``cu_count /
-    row_blocks`` SMs serve one of the ``cdiv(rows, 64)`` row blocks)."""
+    row_blocks`` SMs serve one of the ``cdiv(rows, BLOCK_H)`` row blocks)."""
     row_blocks = max(1, -(-rows // BLOCK_H))
     return max(1, splits * max(1, cu_count // row_blocks))
 
