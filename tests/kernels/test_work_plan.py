@@ -13,19 +13,19 @@ import torch
 from kdispatch.kernels.decode_attention import spec
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce
 from kdispatch.kernels.decode_attention.launch import launches, plan
-from kdispatch.kernels.decode_attention.work_plan import (PLAN_TILE, plan_buffer, plan_items,
-                                                          plan_launch, plan_parts, plan_views,
-                                                          reference_plan)
+from kdispatch.kernels.decode_attention.work_plan import (PLAN_TILE, SEG_COST, plan_buffer,
+                                                          plan_items, plan_launch, plan_parts,
+                                                          plan_views, reference_plan)
 
 MAX_LEN = 4096
 
 
-def _run_plan(lengths, parts, max_len=MAX_LEN):
+def _run_plan(lengths, parts, max_len=MAX_LEN, seg=SEG_COST):
     """(used slot rows by slot, per-request rows, per-part rows) the plan kernel wrote."""
     sl = torch.tensor(lengths, dtype=torch.int32)
     items = plan_items(parts, len(lengths))
     wp = plan_buffer(sl, items, parts).fill_(-7)  # every row the kernel must write is garbage
-    plan_launch(sl, wp, max_len, parts, items).run()
+    plan_launch(sl, wp, max_len, parts, items, seg).run()
     req, part_rows = plan_views(wp, items, len(lengths))
     reqs = [tuple(r) for r in req.tolist()]
     parts_ = [tuple(r) for r in part_rows.view(-1, 2).tolist()]
@@ -45,8 +45,9 @@ CASES = [([1, 15, 16, 17, 63, 64, 65, 0, 127, 128, 129, 4096], 8),
 
 
 @pytest.mark.parametrize("lengths, parts", CASES)
-def test_the_plan_kernel_is_its_python_statement(lengths, parts):
-    assert _run_plan(lengths, parts) == reference_plan(lengths, MAX_LEN, parts)
+@pytest.mark.parametrize("seg", [SEG_COST, 0, 300])
+def test_the_plan_kernel_is_its_python_statement(lengths, parts, seg):
+    assert _run_plan(lengths, parts, seg=seg) == reference_plan(lengths, MAX_LEN, parts, seg)
 
 
 def test_more_requests_than_one_block_and_random_batches():
@@ -56,25 +57,27 @@ def test_more_requests_than_one_block_and_random_batches():
         assert _run_plan(lengths, parts) == reference_plan(lengths, MAX_LEN, parts)
 
 
-@pytest.mark.parametrize("lengths, parts", CASES + [([4096] * 3 + [1] * 40 + [2000], 9)])
-def test_parts_are_equal_and_segments_tile_each_request(lengths, parts):
-    """Each part holds ``T // parts`` or one more tile of the batch's ``T`` (the tiles laid
-    end to end); its segments take consecutive slots, in request order, the first starting
-    at the part's first tile; each request's segments take consecutive slots, start at 0,
-    meet on tile boundaries and end at its clamped length; empty requests have none."""
-    slots, reqs, part_rows = _run_plan(lengths, parts)
+def _part_costs(lengths, parts, seg):
+    """Each part's (first, last) slot, tiles, segments and line range (the tiles laid end
+    to end with ``seg`` tiles between requests), checked for what every plan holds: a
+    part's segments take consecutive slots in request order; each request's segments take
+    consecutive slots of consecutive parts, start at 0, meet on tile boundaries and end at
+    its clamped length; empty requests have none."""
+    slots, reqs, part_rows = _run_plan(lengths, parts, seg=seg)
     n = [min(max(x, 0), MAX_LEN) for x in lengths]
     tiles = [-(-x // PLAN_TILE) for x in n]
-    total = sum(tiles)
+    total, live = sum(tiles), sum(1 for t in tiles if t)
+    line, pn = max(1, total + max(live - 1, 0) * seg), max(1, min(parts, total))
     assert all(s < parts + len(lengths) for s in slots)
-    owner = {}
+    owner, out = {}, []
     for p, (first, last) in enumerate(part_rows):
         k = last - first + 1
         mine = [slots[s] for s in range(first, first + k)]
         size = sum(-(-(e - s) // PLAN_TILE) for _, s, e in mine)
-        assert size in (total // parts, total // parts + 1) or (size == 0 and k == 0)
         assert [b for b, _, _ in mine] == sorted({b for b, _, _ in mine})
         owner.update({s: p for s in range(first, first + k)})
+        rng = (p + 1) * line // pn - p * line // pn if p < pn else 0
+        out.append((k, size, rng))
     assert sum(last - first + 1 for first, last in part_rows) == len(slots)
     for b, (first, k) in enumerate(reqs):
         assert (k == 0) == (n[b] == 0)
@@ -87,18 +90,52 @@ def test_parts_are_equal_and_segments_tile_each_request(lengths, parts):
             assert e0 == s1 and s1 % PLAN_TILE == 0 and e1 > s1
         assert [owner[s] for s in range(first, first + k)] == list(
             range(owner[first], owner[first] + k))
+    return out
 
 
-def test_a_batch_at_full_context_is_cut_into_equal_parts():
-    """32 requests of 256 tiles at 64 parts: each part half a request (one segment of 128
-    tiles), every request two slots; at 66 parts, each part 124 or 125 tiles."""
-    slots, reqs, part_rows = _run_plan([256 * PLAN_TILE] * 32, 64, max_len=256 * PLAN_TILE)
+MIXED = CASES + [([4096] * 3 + [1] * 40 + [2000], 9), ([1] * 30 + [4096] * 2, 12)]
+
+
+@pytest.mark.parametrize("lengths, parts", MIXED)
+def test_parts_cost_the_same_and_segments_tile_each_request(lengths, parts):
+    """A part's cost, its tiles plus ``SEG_COST`` for each segment after its first, is its
+    share of the line to within the two gaps at its ends (at most ``2 SEG_COST`` less);
+    a part with no segment lies within a gap (or past the batch's tiles)."""
+    for k, size, rng in _part_costs(lengths, parts, SEG_COST):
+        if k:
+            assert rng - 2 * SEG_COST <= size + SEG_COST * (k - 1) <= rng
+        else:
+            assert rng <= SEG_COST and size == 0
+
+
+@pytest.mark.parametrize("lengths, parts", MIXED)
+def test_without_a_segment_cost_parts_hold_equal_tiles(lengths, parts):
+    """``seg=0``: each part holds ``T // parts`` or one more tile of the batch's ``T``."""
+    total = sum(-(-min(max(x, 0), MAX_LEN) // PLAN_TILE) for x in lengths)
+    for k, size, _ in _part_costs(lengths, parts, 0):
+        assert size in (total // parts, total // parts + 1) or (size == 0 and k == 0)
+
+
+def test_a_part_pays_for_each_request_it_starts():
+    """32 requests of 256 tiles at 66 parts (128 heads on 132 SMs): a part holding two
+    segments (a request's end and the next one's start) has ``SEG_COST`` fewer tiles than
+    its share, one holding a single segment its share or nearly; every part costs within
+    a tile or two of the others. Without the cost, 64 parts are halves of requests."""
+    slots, reqs, part_rows = _run_plan([256 * PLAN_TILE] * 32, 66, max_len=256 * PLAN_TILE)
+    line = 32 * 256 + 31 * SEG_COST
+    costs, two = [], 0
+    for p, (first, last) in enumerate(part_rows):
+        k = last - first + 1
+        size = sum(slots[s][2] - slots[s][1] for s in range(first, last + 1)) // PLAN_TILE
+        rng = (p + 1) * line // 66 - p * line // 66
+        assert k in (1, 2) and (size <= rng - SEG_COST if k == 2 else size <= rng)
+        two += k == 2
+        costs.append(size + SEG_COST * (k - 1))
+    assert two >= 25 and max(costs) - min(costs) <= SEG_COST
+    slots, reqs, part_rows = _run_plan([256 * PLAN_TILE] * 32, 64, max_len=256 * PLAN_TILE,
+                                       seg=0)
     assert {k for _, k in reqs} == {2} and all(f == last for f, last in part_rows)
     assert {e - s for _, s, e in slots.values()} == {128 * PLAN_TILE}
-    slots, reqs, part_rows = _run_plan([256 * PLAN_TILE] * 32, 66, max_len=256 * PLAN_TILE)
-    sizes = [sum(slots[s][2] - slots[s][1] for s in range(f, last + 1))
-             for f, last in part_rows]
-    assert set(sizes) == {124 * PLAN_TILE, 125 * PLAN_TILE}
 
 
 def test_the_reduce_merges_a_plans_item_partials():
@@ -143,6 +180,7 @@ def test_a_planned_gluon_launch_is_plan_then_stage_1_then_reduce():
     assert [t.fn.__name__ for t in todo] == ["_work_plan", "_gluon_mla_stage1",
                                              "_decode_reduce"]
     wp = todo[0].args[1]
+    assert todo[0].constexprs["SEG"] == SEG_COST  # the plan charges a segment's cost
     items = parts + b
     assert wp.numel() == items * 3 + (b + parts) * 2
     args = dict(zip(todo[1].fn.arg_names, todo[1].args))

@@ -78,7 +78,7 @@ from typing import Any
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kdispatch.dtypes import torch_dtype
@@ -88,7 +88,8 @@ from kdispatch.kernels.decode_attention.gluon_mla_consumer import _consumer
 from kdispatch.kernels.decode_attention.gluon_mla_seesaw import (_seesaw_producer, _seesaw_wg0,
                                                                  _seesaw_wg1)
 from kdispatch.kernels.decode_attention.gluon_mla_tiles import (BLOCK_H, BLOCK_N, DPE, DV,
-                                                                _mean_len, _plan_producer)
+                                                                _load_q, _mean_len,
+                                                                _plan_producer)
 from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_KV_DTYPES,
                                                      GLUON_PAGE_SIZES, gluon_config)
 
@@ -213,10 +214,8 @@ def _gluon_mla_stage1(
     # the request's rows are contiguous in q's row view: the box starts at its first row
     # plus the tile's (a box past the descriptor's end is zero-filled)
     if not PLAN:  # (the plan's copy warp loads each segment's)
-        q_row = b * (QLEN * heads) + pid_h * BLOCK_H
-        mbarrier.expect(q_bar, BLOCK_H * (DV + DPE) * 2)
-        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
-        tma.async_copy_global_to_shared(qpe_desc, [q_row, 0], q_bar, qpe_smem)
+        _load_q(q_desc, qpe_desc, q_smem, qpe_smem, q_bar, q_free, 0, b, pid_h, heads,
+                BLOCK_H, QLEN)
 
     if not SEESAW:
         gl.warp_specialize([
