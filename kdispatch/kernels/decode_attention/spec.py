@@ -5,8 +5,7 @@ The key is built from shapes, dtypes and the device only. The context field is t
 bucketed with :func:`~kdispatch.buckets.half_pow2_bucket`; ``seq_lens`` values are never
 read, so a config resolved at CUDA-graph capture holds at every replay. ``kv_dtype`` is
 the cache's dtype (q's, or fp8) and ``q_len`` the new tokens per request (q's dim 1 for
-a 4-D q: speculative decoding, multi-token prediction), both host-known and graph-stable.
-"""
+a 4-D q: speculative decoding, multi-token prediction), both host-known and graph-stable."""
 
 from __future__ import annotations
 
@@ -360,8 +359,7 @@ def grid_splits(splits: int, batch: int, rows: int, dv: int, table_tokens: int,
     resident slots when a grid past them would crowd the busy programs onto too few SMs.
     H200 session 17, head dim 64 (three programs per SM), b8 x 32k at 4 splits (256 busy
     programs, 396 slots): 8 grid splits (512 programs) 1.08-1.10x the time of 4, while 5
-    and 6 cost nothing (call 6); there the GPU packed the busy programs three to an SM.
-    """
+    and 6 cost nothing (call 6); there the GPU packed the busy programs three to an SM."""
     per_split = batch * rows * (dv + 1) * 4
     g = min(BALANCE_HEADROOM * splits, MAX_SPLITS, -(-table_tokens // block_n),
             WORKSPACE_BUDGET // per_split)
@@ -449,8 +447,7 @@ def merges(key: DecodeKey, splits: int) -> bool:
     """Whether a grid of ``splits`` merges in its last stage-1 program (no reduce kernel).
 
     NVIDIA only, where it was measured; elsewhere the merge stays a tuning candidate (the
-    tuner verifies it before timing it) until a device of that vendor has measured it.
-    """
+    tuner verifies it before timing it) until a device of that vendor has measured it."""
     return key.vendor == "nvidia" and key.latent and 1 < splits <= MERGE_MAX_SPLITS_LATENT
 
 
@@ -501,9 +498,12 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
     if gluon_fits(key) and key.rows >= GLUON_HEURISTIC_MIN_ROWS:
-        cfg = gluon_config(split_count(key, GLUON_ROWS, GLUON_TILE_TOKENS, 8))
-        if is_valid(key, cfg):
-            return cfg
+        splits = split_count(key, GLUON_ROWS, GLUON_TILE_TOKENS, 8)
+        # fp8 latents at one split: the work plan (best at all 12 such keys, session 29)
+        plans = (True, False) if splits == 1 and is_fp8(key.kv_dtype) else (False,)
+        for cfg in (gluon_config(splits, plan) for plan in plans):
+            if is_valid(key, cfg):
+                return cfg
     if key.latent:
         block_n, warps, stages = latent_tile(key, block_h)
         splits = split_count(key, block_h, block_n, warps)
