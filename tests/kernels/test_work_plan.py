@@ -119,8 +119,9 @@ def test_without_a_segment_cost_parts_hold_equal_tiles(lengths, parts):
 def test_a_part_pays_for_each_request_it_starts():
     """32 requests of 256 tiles at 66 parts (128 heads on 132 SMs): a part holding two
     segments (a request's end and the next one's start) has ``SEG_COST`` fewer tiles than
-    its share, one holding a single segment its share or nearly; every part costs within
-    a tile or two of the others. Without the cost, 64 parts are halves of requests."""
+    its share, one holding a single segment at most its share; the parts' costs differ by
+    at most ``SEG_COST`` (a gap cut by a part's end is charged for no segment). Without
+    the cost, 64 parts are halves of requests."""
     slots, reqs, part_rows = _run_plan([256 * PLAN_TILE] * 32, 66, max_len=256 * PLAN_TILE)
     line = 32 * 256 + 31 * SEG_COST
     costs, two = [], 0
