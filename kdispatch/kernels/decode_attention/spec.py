@@ -499,9 +499,9 @@ def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
     if gluon_fits(key) and key.rows >= GLUON_HEURISTIC_MIN_ROWS:
         splits = split_count(key, GLUON_ROWS, GLUON_TILE_TOKENS, 8)
-        # fp8 latents at one split: the work plan (best at all 12 such keys, session 29)
-        plans = (True, False) if splits == 1 and is_fp8(key.kv_dtype) else (False,)
-        for cfg in (gluon_config(splits, plan) for plan in plans):
+        # fp8 latents filling the tile at one split: the plan (best at all 12, session 29)
+        fp8_plan = splits == 1 and is_fp8(key.kv_dtype) and key.rows >= GLUON_ROWS
+        for cfg in (gluon_config(splits, plan) for plan in (fp8_plan, False)):
             if is_valid(key, cfg):
                 return cfg
     if key.latent:
