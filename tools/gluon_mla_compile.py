@@ -2,12 +2,13 @@
 on a machine without a GPU and report ptxas's registers and spills and the shared memory::
 
     PYTHONPATH=. python tools/gluon_mla_compile.py [--splits 1,2] [--rows 128x1,16x2]
-        [--page 16,32,64] [--balance] [--kv bf16,fp8] [--dump DIR]
+        [--page 16,32,64] [--balance] [--kv bf16,fp8] [--narrow] [--dump DIR]
 
 ``--balance`` compiles the balanced grid's variant (twice the splits in the grid: every
 program scans the batch's lengths); ``--plan`` the work plan's (each program reads its
 item's request and token range); ``--kv fp8`` the fp8 (e4m3) latent's variant, with its
-scale tensors. Prints one JSON line per (cache dtype, page size, heads x QLEN, split
+scale tensors; ``--narrow`` the narrow fp8 tile (``gluon_mla_narrow``, through the launch
+plan of its config; fp8, up to 32 rows; no spill allowed). Prints one JSON line per (cache dtype, page size, heads x QLEN, split
 count); exits 1 when a compile fails, the two warpgroups' code spills (the seesaw's, bf16
 latents: more than ``SEESAW_SPILL_LIMIT`` bytes), the copy warp's spills more
 than ``COPY_WARP_SPILL_LIMIT`` bytes, or the kernel needs more than the 227 KB of shared
@@ -22,6 +23,7 @@ warpgroups at theirs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -34,6 +36,8 @@ import torch  # noqa: E402
 from compile_check import compile_launch, disassemble, ptxas_log, ptxas_usage  # noqa: E402
 
 from kdispatch.kernels.decode_attention import gluon_mla as G  # noqa: E402
+from kdispatch.kernels.decode_attention import launch as L  # noqa: E402
+from kdispatch.kernels.decode_attention import spec  # noqa: E402
 from kdispatch.launching import KernelLaunch  # noqa: E402
 
 SMEM_LIMIT = 227 * 1024
@@ -51,12 +55,13 @@ SEESAW_SPILL_LIMIT = 160
 
 def compile_stage1(splits: int, arch: int = 90, heads: int = 128, qlen: int = 1,
                    page: int = 64, balance: bool = False, kv: str = "bf16",
-                   plan: bool = False):
+                   plan: bool = False, narrow: bool = False):
     """The stage 1 compiled for ``sm_<arch>`` on small CPU tensors (sizes only reach the
     grid and the integer specializations; the descriptors' block shapes, the dtypes and
     the alignment are what count). ``qlen`` > 1: a 4-D q; ``page``: the cache's page size;
     ``balance``: a grid of twice the splits; ``kv``: ``"bf16"`` or ``"fp8"`` (scaled);
-    ``plan``: the work plan's variant (items in the grid's second axis)."""
+    ``plan``: the work plan's variant (items in the grid's second axis); ``narrow``: the
+    narrow fp8 tile (``gluon_mla_narrow``) as the launch path plans it."""
     g = 2 * splits if balance else splits
     b, h = 2, heads
     shape = (b, h) if qlen == 1 else (b, qlen, h)
@@ -71,6 +76,14 @@ def compile_stage1(splits: int, arch: int = 90, heads: int = 128, qlen: int = 1,
     ws = torch.empty(b * r * g * (G.DV + 1))
     po = ws[:b * r * g * G.DV].view(b, r, g, G.DV)
     pl = ws[b * r * g * G.DV:].view(b, r, g)
+    if narrow:
+        cfg = spec.narrow_config(splits, r)
+        p = L.plan(cfg, b, h, G.DV + G.DPE, page, 1, G.DV, True, False, False, False, qlen,
+                   qlen > 1, kv_fp8=True, scaled=True, gluon=True)
+        p = dataclasses.replace(p, grid=(1, b, g), constexprs={**p.constexprs,
+                                                              "GRID_SPLITS": g})
+        return compile_launch(L.launches(p, q, kv, kv[..., :G.DV], bt, sl, q.new_empty(
+            p.out_shape), 0.1, 0.0, 0, scale, scale)[0], arch)
     wp = torch.empty(64, dtype=torch.int32) if plan else None
     grid, args, kw = G.stage1_launch_args(q, kv, bt, sl, 0.1, splits, po, pl, g, scale,
                                           scale, wp, wp[:16] if plan else None)
@@ -123,7 +136,9 @@ def ptxas_report(kernel, arch: int = 90) -> dict:
 
 def failed(rep: dict) -> bool:
     """Whether a report breaks the tool's bounds (see the module docstring)."""
-    if G.seesaw(rep["kv"] == "fp8"):
+    if rep.get("narrow"):  # one warpgroup pair, no warp specialization: no spill at all
+        spills = rep["spill_store_bytes"] > 0
+    elif G.seesaw(rep["kv"] == "fp8"):
         spills = rep["spill_store_bytes"] > SEESAW_SPILL_LIMIT
     else:
         spills = (rep["warpgroup_spill_stores"] > 0
@@ -139,6 +154,8 @@ def main() -> int:
     ap.add_argument("--balance", action="store_true", help="the balanced grid's variant")
     ap.add_argument("--plan", action="store_true", help="the work plan's variant")
     ap.add_argument("--kv", default="bf16", help="cache dtypes: bf16, fp8 or bf16,fp8")
+    ap.add_argument("--narrow", action="store_true",
+                    help="the narrow fp8 tile (gluon_mla_narrow; fp8 only, up to 32 rows)")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
     args = ap.parse_args()
     bad = 0
@@ -148,10 +165,10 @@ def main() -> int:
                               for pg in pages for hq in shapes
                               for x in args.splits.split(",")):
         tag = {"kv": kv, "page": pg, "heads": h, "qlen": t, "splits": s,
-               "balance": args.balance, "plan": args.plan}
+               "balance": args.balance, "plan": args.plan, "narrow": args.narrow}
         try:
             k = compile_stage1(s, heads=h, qlen=t, page=pg, balance=args.balance, kv=kv,
-                               plan=args.plan)
+                               plan=args.plan, narrow=args.narrow)
         except Exception as exc:  # noqa: BLE001 - report, exit 1
             print(json.dumps({**tag, "error": str(exc)[:4000]}))
             bad += 1

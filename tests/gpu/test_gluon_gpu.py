@@ -13,6 +13,7 @@ from graph_capture import capture
 from kdispatch.kernels._common import quantize_fp8
 from kdispatch.kernels.decode_attention import reference_decode_attention
 from kdispatch.kernels.decode_attention.launch import checked_plan
+from kdispatch.kernels.decode_attention import spec
 from kdispatch.kernels.decode_attention.spec import DecodeConfig
 
 pytestmark = pytest.mark.gpu
@@ -116,12 +117,15 @@ def test_the_seesaw_at_every_page_size_matches_the_reference(page, hq, q_len, sp
     _close(out, reference_decode_attention(q, k, v, bt, sl, scale=DK ** -0.5))
 
 
-@pytest.mark.parametrize("bad, fp8", [(-1, False), ("nb", False), (10 ** 6, False),
-                                      (2 ** 30, False), (-1, True), ("nb", True)])
-def test_page_ids_outside_the_cache_contribute_nothing(bad, fp8):
+@pytest.mark.parametrize("bad, fp8, hq", [(-1, False, 64), ("nb", False, 64),
+                                          (10 ** 6, False, 64), (2 ** 30, False, 64),
+                                          (-1, True, 64), ("nb", True, 64), (-1, True, 16),
+                                          ("nb", True, 12), (2 ** 30, True, 16)])
+def test_page_ids_outside_the_cache_contribute_nothing(bad, fp8, hq):
     """The cache sits between NaN guard pages: a read outside it would show (fp8: e4m3's
-    NaN bytes; the fp8 latent compared on its stored values, unscaled)."""
-    b, hq, pages = 3, 64, 4
+    NaN bytes; the fp8 latent compared on its stored values, unscaled). 12 and 16 heads of
+    an fp8 latent: the narrow tile."""
+    b, pages = 3, 4
     nb = b * pages
     g = torch.Generator(device="cuda").manual_seed(11)
     buf = torch.full((nb + 6, PAGE, 1, DK), float("nan"), device="cuda",
@@ -135,10 +139,11 @@ def test_page_ids_outside_the_cache_contribute_nothing(bad, fp8):
     bt[1, :] = value  # every page: nothing to attend to
     bt[2, 3] = value  # the last, partial page
     sl = torch.tensor([pages * PAGE, 200, pages * PAGE - 10], dtype=torch.int32, device="cuda")
-    out = kdispatch.decode_attention(q, k, k[..., :DV], bt, sl, scale=DK ** -0.5,
-                                     config={"kernel": "gluon", "num_kv_splits": 2,
-                                             "block_n": 64, "block_h": 64, "num_warps": 8,
-                                             "num_stages": 2})
+    cfg = (spec.narrow_config(2, hq) if hq <= 16 else
+           DecodeConfig(kernel="gluon", num_kv_splits=2, block_n=64, block_h=64, num_warps=8,
+                        num_stages=2))
+    assert checked_plan(cfg, q, k, k[..., :DV], bt, sl, None, 0.0).narrow == (hq <= 16)
+    out = kdispatch.decode_attention(q, k, k[..., :DV], bt, sl, scale=DK ** -0.5, config=cfg)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
     ok = (bt >= 0) & (bt < nb)
@@ -152,19 +157,22 @@ def test_page_ids_outside_the_cache_contribute_nothing(bad, fp8):
 
 
 @pytest.mark.parametrize("hq, q_len, page", [(128, 1, 64), (128, 1, 16), (16, 2, 16),
-                                            (12, 2, 32)])
+                                            (12, 2, 32), (16, 1, 16), (12, 1, 64),
+                                            (8, 2, 32)])
 def test_fp8_latent_graph_replays_new_scales_lengths_and_tables(hq, q_len, page):
-    """The fp8 latent through the Gluon tile: one captured decode replayed with new scales,
+    """The fp8 latent through the Gluon tiles (up to 16 rows: the narrow tile, scores on
+    e4m3 MMAs with q in two e4m3 parts): one captured decode replayed with new scales,
     lengths around page and tile boundaries, tables and queries matches the reference on
-    the cache dequantized with that replay's scale (fp16 dots: the bf16 tolerance)."""
+    the cache dequantized with that replay's scale (the bf16 tolerance)."""
     b, ctx = 8, 8192
     k_scale = torch.full((1,), 0.02, device="cuda")
     q, k, v, bt, g = _inputs(b, hq, ctx, hq + page, page=page, fp8_scale=k_scale)
     if q_len > 1:
         q = torch.randn(b, q_len, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
     sl = torch.full((b,), 100, dtype=torch.int32, device="cuda")
-    cfg = spec_config(2)
-    assert checked_plan(cfg, q, k, v, bt, sl, None, 0.0, k_scale).gluon
+    cfg = spec.narrow_config(2, hq * q_len) if hq * q_len <= 16 else spec_config(2)
+    p = checked_plan(cfg, q, k, v, bt, sl, None, 0.0, k_scale)
+    assert p.gluon and p.narrow == (hq * q_len <= 16)
     out = torch.empty(*q.shape[:-1], DV, device="cuda", dtype=torch.bfloat16)
     scale = DK ** -0.5
     graph = capture(lambda: kdispatch.decode_attention(
@@ -184,7 +192,8 @@ def test_fp8_latent_graph_replays_new_scales_lengths_and_tables(hq, q_len, page)
                                                k_scale=k_scale, v_scale=k_scale))
 
 
-@pytest.mark.parametrize("hq, q_len, splits", [(128, 1, 2), (16, 2, 3), (128, 2, 1)])
+@pytest.mark.parametrize("hq, q_len, splits", [(128, 1, 2), (16, 2, 3), (128, 2, 1),
+                                                (16, 1, 3), (12, 1, 8)])
 def test_fp8_bits_stable_and_batch_invariant(hq, q_len, splits):
     b, ctx = 12, 8192
     ks = torch.full((1,), 0.03, device="cuda")
@@ -193,9 +202,10 @@ def test_fp8_bits_stable_and_batch_invariant(hq, q_len, splits):
         q = torch.randn(b, q_len, hq, DK, device="cuda", generator=g).to(torch.bfloat16)
     sl = torch.randint(1, ctx + 1, (b,), device="cuda", generator=g, dtype=torch.int32)
     sl[0], sl[1] = 1, 65
-    kw = dict(scale=DK ** -0.5, k_scale=ks, v_scale=ks,
-              config={**GLUON, "num_kv_splits": splits})
-    assert checked_plan(spec_config(splits), q, k, v, bt, sl, None, 0.0, ks).gluon
+    cfg = (spec.narrow_config(splits, hq * q_len) if hq * q_len <= 16 else
+           spec_config(splits))
+    kw = dict(scale=DK ** -0.5, k_scale=ks, v_scale=ks, config=cfg)
+    assert checked_plan(cfg, q, k, v, bt, sl, None, 0.0, ks).gluon
     ref = reference_decode_attention(q, k, v, bt, sl, scale=DK ** -0.5, k_scale=ks,
                                      v_scale=ks)
     balanced = kdispatch.decode_attention(q, k, v, bt, sl, **kw)

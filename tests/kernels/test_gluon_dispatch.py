@@ -274,3 +274,77 @@ def test_the_seesaw_rule_is_the_same_for_keys_and_calls():
             seen.add((page, kv, got))
     assert {(p, kv) for p, kv, s in seen if s} == {(p, "bfloat16")
                                                    for p in spec.GLUON_PAGE_SIZES}
+
+
+@pytest.mark.parametrize("change, fits", [
+    (dict(num_q_heads=16, page_size=16), True), (dict(num_q_heads=12, page_size=16), True),
+    (dict(num_q_heads=8, q_len=2, page_size=32), True), (dict(num_q_heads=16), True),
+    (dict(num_q_heads=16, q_len=2, page_size=16), False),  # 32 rows
+    (dict(num_q_heads=12, q_len=3, page_size=16), False),
+    (dict(num_q_heads=16, page_size=8), False), (dict(num_q_heads=16, sliding_window=4096), False),
+    (dict(), False)])  # 128 heads
+def test_the_narrow_fp8_tile_serves_fp8_latents_of_up_to_16_rows(change, fits):
+    """``gluon_mla_narrow`` (the tokens as the MMA's M, a request's rows its N): fp8
+    latents only, the 64-row tile's pages and latent, at most 16 rows a request; its config
+    is fixed but for the split count and the tuner times it at every split count it
+    times."""
+    key = _key(kv_dtype="float8_e4m3fn", **change)
+    assert spec.narrow_fits(key) == fits
+    cfg = spec.narrow_config(4, key.rows)
+    assert cfg.kernel == "gluon" and cfg.block_h == (16 if key.rows <= 16 else 32)
+    assert spec.is_valid(key, cfg) == fits
+    assert any(c == cfg.model_copy(update={"num_kv_splits": c.num_kv_splits})
+               for c in OP.tuning.candidates(key)) == fits
+    assert not spec.is_valid(key, cfg.model_copy(update={"num_warps": 8}))
+    bf16 = _key(**change)
+    assert not spec.narrow_fits(bf16) and not spec.is_valid(bf16, spec.narrow_config(4, 16))
+    assert spec.DecodeConfig(**cfg.model_dump()) == cfg
+
+
+@pytest.mark.parametrize("hq, q_len, page, scaled", [(16, 1, 16, True), (12, 1, 64, False),
+                                                     (8, 2, 32, True)])
+def test_a_narrow_plan_launches_its_stage_1_with_its_rows_and_scales(hq, q_len, page, scaled):
+    """The narrow tile's plan: one program a request's rows (16) and split, the
+    partials and reduce of the 64-row tile's plan at the same split count, its warps and
+    stages from the config, the scale tensors as KS / VS (the lengths, unread, without)."""
+    from kdispatch.kernels.decode_attention.gluon_mla_narrow import _narrow_stage1
+    b, splits = 3, 4
+    cfg = spec.narrow_config(splits, hq * q_len)
+    n = plan(cfg, b, hq, 576, page, 1, 512, True, False, False, False, q_len, q_len > 1,
+             kv_fp8=True, scaled=scaled, gluon=True)
+    g = plan(spec.gluon_config(splits), b, hq, 576, page, 1, 512, True, False, False, False,
+             q_len, q_len > 1, kv_fp8=True, scaled=scaled, gluon=True)
+    assert n.narrow and not g.narrow and n.grid == (1, b, splits) == g.grid
+    assert n.partials_shape == g.partials_shape and n.reduce_grid == g.reduce_grid
+    assert n.constexprs["NROWS"] == cfg.block_h == 16 and n.constexprs["STAGES"] == 2
+    assert n.constexprs["KV_SCALED"] == scaled and n.options == {"num_warps": 4}
+    q = torch.zeros(b, q_len, hq, 576, dtype=torch.bfloat16)
+    q = q if q_len > 1 else q[:, 0]
+    k = torch.zeros(5, page, 1, 576, dtype=torch.float8_e4m3fn)
+    bt, sl = torch.zeros(b, 4, dtype=torch.int32), torch.ones(b, dtype=torch.int32)
+    ks, vs = torch.full((1,), 0.5), torch.full((1,), 0.25)
+    stage1, reduce = launches(n, q, k, k[..., :512], bt, sl, q.new_empty(n.out_shape), 0.1,
+                              0.0, 0, ks if scaled else None, vs if scaled else None)
+    assert stage1.fn is _narrow_stage1 and stage1.constexprs == n.constexprs
+    got = dict(zip(_narrow_stage1.arg_names, stage1.args))
+    assert (got["KS"], got["VS"]) == ((ks, vs) if scaled else (sl, sl))
+    assert got["kv_desc"].block_shape == [page, 512] and got["heads"] == hq
+    po = got["PO"]
+    assert tuple(po.shape) == n.partials_shape[:3] + (512,)
+    assert reduce.fn is _decode_reduce and reduce.args[1] is po
+
+
+def test_a_narrow_config_in_the_interpreter_runs_the_triton_tile():
+    """A call the narrow tile cannot take (the interpreter) runs the Triton latent tile at
+    the config's split count and matches the reference."""
+    g = torch.Generator().manual_seed(3)
+    b, hq, page = 2, 16, 16
+    k = (torch.randn(6, page, 1, 576, generator=g) * 0.5).to(torch.float8_e4m3fn)
+    q = torch.randn(b, hq, 576, generator=g).to(torch.bfloat16)
+    bt = torch.tensor([[0, 2, 4], [1, 3, 5]], dtype=torch.int32)
+    sl = torch.tensor([17, 40], dtype=torch.int32)
+    cfg = spec.narrow_config(2, hq)
+    assert not checked_plan(cfg, q, k, k[..., :512], bt, sl, None, 0.0).gluon
+    out = launch_decode_attention(cfg, q, k, k[..., :512], bt, sl, scale=576 ** -0.5)
+    ref = reference_decode_attention(q, k, k[..., :512], bt, sl, scale=576 ** -0.5)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)

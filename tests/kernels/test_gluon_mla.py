@@ -213,6 +213,20 @@ def test_the_fp8_latent_variant_compiles_without_spills():
         assert rep["wgmma"] == 40 and not rep["serialized_wgmma_warning"], rep
 
 
+def test_the_narrow_fp8_tile_compiles_without_spills_through_its_launch_plan():
+    """The narrow fp8 tile (``gluon_mla_narrow``), compiled from the launch plan of its
+    config (12 and 16 heads, 8 heads x 2 tokens; 16- and 64-token pages; the balanced
+    grid's length scan): no spill, within one program's shared memory (a 2-stage fp8 ring,
+    two fp16 V tiles, q's two e4m3 parts), and ptxas does not serialize its warpgroup
+    MMAs (the PV MMA of the tile before stays in flight only within a loop step)."""
+    reps = _compile_reports("--narrow", "--kv", "fp8", "--splits", "4", "--rows",
+                            "16x1,12x1,8x2", "--page", "16,64", "--balance")
+    assert len(reps) == 6
+    for rep in reps:
+        assert rep["spill_store_bytes"] == 0 and rep["shared_bytes"] <= 227 * 1024, rep
+        assert not rep["serialized_wgmma_warning"] and rep["wgmma"] > 0, rep
+
+
 def test_the_gpu_check_tool_imports_and_shows_its_help():
     """tools/gluon_mla_check.py runs only on a GPU; here: it imports (the dispatcher's
     launch path it calls included) and its command line parses."""

@@ -91,7 +91,8 @@ from kdispatch.kernels.decode_attention.gluon_mla_tiles import (BLOCK_H, BLOCK_N
                                                                 _load_q, _mean_len,
                                                                 _plan_producer)
 from kdispatch.kernels.decode_attention.spec import (GLUON_HEAD_DIMS, GLUON_KV_DTYPES,
-                                                     GLUON_PAGE_SIZES, gluon_config)
+                                                     GLUON_PAGE_SIZES, gluon_config,
+                                                     narrow_config)
 
 #: the cache dtypes the tile takes (the dispatch key's ``GLUON_KV_DTYPES``)
 GLUON_CACHE_DTYPES = tuple(torch_dtype(name) for name in GLUON_KV_DTYPES)
@@ -353,10 +354,15 @@ def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     stride (TMA reads a tile's rows as one box), a bf16 or float8_e4m3fn latent of
     16/32/64-token pages whose 576-wide rows are contiguous, 16-byte aligned and packed
     page after page (TMA copies a page as one box), unit-stride block-table rows and
-    lengths, no window, no logit cap, and the Gluon tile itself."""
+    lengths, no window, no logit cap, and the Gluon tile itself (or the narrow fp8 tile:
+    ``gluon_mla_narrow``, an fp8 latent of at most 32 rows a request)."""
     if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
         return False
-    if config != gluon_config(int(config.num_kv_splits), bool(config.plan)):
+    _, t, h, _ = q_dims(q)
+    if config not in (gluon_config(int(config.num_kv_splits), bool(config.plan)),
+                      narrow_config(int(config.num_kv_splits), t * h)):
+        return False
+    if config.block_h < BLOCK_H and not is_fp8(k_cache):  # the narrow tile: fp8 only
         return False
     rows, page = k_cache.stride(1), k_cache.shape[1]
     return (q.dtype == torch.bfloat16 and k_cache.dtype in GLUON_CACHE_DTYPES

@@ -25,16 +25,18 @@ from kdispatch import dispatcher as _dispatch
 from kdispatch.device import Device
 from kdispatch.kernels._common import FP8_TORCH_DTYPES, interpreting, supports_pdl, tensor_sig
 from kdispatch.kernels.decode_attention.checks import check_call, q_dims, shares_latent
-from kdispatch.kernels.decode_attention.gluon_mla import (_gluon_mla_stage1, gluon_call,
-                                                          launch_options, stage1_launch_args)
+from kdispatch.kernels.decode_attention.gluon_mla import (BLOCK_H, _gluon_mla_stage1,
+                                                          gluon_call, launch_options,
+                                                          stage1_launch_args)
+from kdispatch.kernels.decode_attention.gluon_mla_narrow import (_narrow_stage1, narrow_args,
+                                                                 narrow_constexprs)
 from kdispatch.kernels.decode_attention.kernels import _decode_reduce, _decode_stage1
 from kdispatch.kernels.decode_attention.spec import grid_splits, resident_per_sm, tile_smem
 from kdispatch.kernels.decode_attention.latent import _decode_stage1_latent
 from kdispatch.kernels.decode_attention.work_plan import (plan_buffer, plan_items, plan_launch,
                                                           plan_parts, plan_views)
 from kdispatch.kernels.decode_attention.zero_row import _ZERO_ROWS, zero_row
-from kdispatch.launching import (KernelLaunch, hooks_installed,
-                                 make_direct, raw_stream)
+from kdispatch.launching import KernelLaunch, hooks_installed, make_direct, raw_stream
 from kdispatch.tensor_guard import layout_guard
 
 OP_NAME = "decode_attention"
@@ -57,14 +59,11 @@ def _splits_p2(splits: int) -> int:
 
 
 def reduce_shape(heads: int, dv: int) -> tuple[int, int]:
-    """``(BLOCK_DV, num_warps)`` of the reduce for ``heads`` q heads.
-
-    One warp over up to 128 columns; four warps over 512 columns from 64 heads on. From
-    the head count only, never the batch, so a request's merged bits do not depend on
-    what it is batched with. H200 (docs/decode_notes.md v6), against one 4-warp program
-    per 128 columns: deepseek TP8 b32 (8 splits) 3.7 vs 8.6 us, kimi b8 (33 splits) 4.1 vs
-    6.9, kimi b1 (132 splits) 7.8 vs 8.2, TP1 (128 heads) 7.6 vs 50 us.
-    """
+    """``(BLOCK_DV, num_warps)`` of the reduce for ``heads`` q heads: one warp over up to 128
+    columns, four over 512 from 64 heads on; from the head count only, so a request's bits
+    do not depend on its batch. H200 (decode_notes v6), against one 4-warp program per 128
+    columns: deepseek TP8 b32 (8 splits) 3.7 vs 8.6 us, kimi b8 (33) 4.1 vs 6.9, kimi b1
+    (132) 7.8 vs 8.2, TP1 (128 heads) 7.6 vs 50 us."""
     block_dv = min(_p2(dv), 512 if heads >= 64 else 128)
     return block_dv, max(1, block_dv // 128)
 
@@ -87,6 +86,7 @@ class Plan:
     log2e_scale: float                                # multiplies ``scale`` into qk_scale
     capped: bool
     gluon: bool = False          # stage 1 is the Gluon kernel (always split into partials)
+    narrow: bool = False         # ... its narrow fp8 tile (gluon_mla_narrow)
     plan_parts: int = 0          # the Gluon stage 1's work plan: its parts (0: none)
 
 
@@ -174,29 +174,31 @@ def _reduce_plan(config: Any, b: int, hq: int, dv: int, q_len: int, sliding: boo
 def _gluon_plan(config: Any, b: int, hq: int, dv: int, q_len: int, q4d: bool,
                 page: int = 64, g: int = 0, kv_fp8: bool = False,
                 scaled: bool = False, parts: int = 0) -> Plan:
-    """The Gluon stage 1 (64 (token, head) rows of one request per program, as the Triton
-    latent tile orders them; 64-token tiles of ``64 // page`` cache pages; an fp8 latent
-    converted per tile, with its scales when ``scaled``) and the reduce, over ``g`` grid
-    splits (0: the config's count); with ``parts``, one persistent program per part of a
-    work plan of that many parts instead (one partial slot per segment; a request merges at
-    most ``parts``)."""
+    """The Gluon stage 1 (``config.block_h`` (token, head) rows of one request a program:
+    64, or the narrow fp8 tile's 16 or 32; 64-token tiles of ``64 // page`` pages; an fp8
+    latent with its scales when ``scaled``) and the reduce, over ``g`` grid splits (0: the
+    config's count); with ``parts``, one persistent program per part of a work plan."""
     splits = int(config.num_kv_splits)
     g = g or splits
     items = plan_items(parts, b) if parts else 0
     reduce = _reduce_plan(config, b, hq, dv, q_len, False, False, parts or g)
     if parts:
         reduce["reduce_constexprs"]["PLAN"] = True
+    narrow = int(config.block_h) < BLOCK_H  # the narrow fp8 tile: 16 or 32 rows, one program
     return Plan(
         latent=True, grid=(triton.cdiv(q_len * hq, int(config.block_h)), parts or b,
                            1 if parts else g),
-        constexprs=dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h),
-                        PAGE=page, DV=dv, DPE=64, QLEN=q_len, BLOCK_N=int(config.block_n),
-                        GRID_SPLITS=g, KV_FP8=kv_fp8, KV_SCALED=scaled, PLAN=bool(parts)),
-        options=launch_options(kv_fp8),
+        constexprs=narrow_constexprs(splits, g, int(config.block_h), page, q_len, scaled,
+                                     int(config.num_stages)) if narrow else
+        dict(NUM_KV_SPLITS=splits, BLOCK_H=int(config.block_h), PAGE=page, DV=dv, DPE=64,
+             QLEN=q_len, BLOCK_N=int(config.block_n), GRID_SPLITS=g, KV_FP8=kv_fp8,
+             KV_SCALED=scaled, PLAN=bool(parts)),
+        options={"num_warps": int(config.num_warps)} if narrow else launch_options(kv_fp8),
         **reduce,
         out_shape=(b, q_len, hq, dv) if q4d else (b, hq, dv),
         partials_shape=(1, hq * q_len, items, dv) if parts else (b, hq * q_len, g, dv),
-        counters_shape=None, log2e_scale=LOG2E, capped=False, gluon=True, plan_parts=parts)
+        counters_shape=None, log2e_scale=LOG2E, capped=False, gluon=True, plan_parts=parts,
+        narrow=narrow)
 
 
 def _partials_strides(p: Plan) -> tuple[int, ...]:
@@ -273,14 +275,14 @@ def launches(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                         p.plan_parts, items))
         sl, parts_rows = plan_views(wp, items, seq_lens.shape[0])
     if p.gluon:
-        _, args, _ = stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
-                                        p.constexprs["NUM_KV_SPLITS"], po, pl,
-                                        p.constexprs["GRID_SPLITS"],
-                                        k_scale if p.constexprs["KV_SCALED"] else None,
-                                        v_scale if p.constexprs["KV_SCALED"] else None, wp,
-                                        parts_rows)
-        out_launches.append(KernelLaunch(_gluon_mla_stage1, p.grid, args, p.constexprs,
-                                         p.options))
+        ks, vs = (k_scale, v_scale) if p.constexprs["KV_SCALED"] else (None, None)
+        args = (narrow_args(q, k_cache, block_table, seq_lens, scale, po, pl, ks, vs)
+                if p.narrow else
+                stage1_launch_args(q, k_cache, block_table, seq_lens, scale,
+                                   p.constexprs["NUM_KV_SPLITS"], po, pl,
+                                   p.constexprs["GRID_SPLITS"], ks, vs, wp, parts_rows)[1])
+        out_launches.append(KernelLaunch(_narrow_stage1 if p.narrow else _gluon_mla_stage1,
+                                         p.grid, args, p.constexprs, p.options))
     else:
         zeros = zero_row(k_cache, v_cache) if zeros is None else zeros
         out_launches.append(_triton_stage1(p, q, k_cache, v_cache, block_table, seq_lens, out,
@@ -297,13 +299,11 @@ def _triton_stage1(p: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                    block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
                    scale: float, logit_cap: float, window: int, k_scale: Any, v_scale: Any,
                    zeros: Any, po: Any, pl: Any, cnt: Any) -> KernelLaunch:
-    po_arg = po if po is not None else out
-    pl_arg = pl if pl is not None else out
+    po_arg, pl_arg = (po if po is not None else out), (pl if pl is not None else out)
     cnt_arg = cnt if cnt is not None else pl_arg
     kv = (k_cache,) if p.latent else (k_cache, v_cache)
     # unscaled: a harmless stand-in pointer the KV_SCALED constexpr keeps unread
-    ks_arg = k_scale if k_scale is not None else seq_lens
-    vs_arg = v_scale if v_scale is not None else seq_lens
+    ks_arg, vs_arg = ((k_scale, v_scale) if k_scale is not None else (seq_lens, seq_lens))
     args = (q, *kv, block_table, seq_lens, out, po_arg, pl_arg, cnt_arg, ks_arg, vs_arg,
             zeros, float(scale) * p.log2e_scale, float(logit_cap) if p.capped else 1.0,
             *stage1_args(p, q, k_cache, v_cache, block_table, seq_lens, out, window))

@@ -15,8 +15,11 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kdispatch.dtypes import CACHE_DTYPES, CacheDType, DType, dtype_name, is_fp8, itemsize
 from kdispatch.kernels._common import pdl_capable
-from kdispatch.kernels.decode_attention.gluon_mla_tiles import BLOCK_H, BLOCK_N
-from kdispatch.kernels.decode_attention.work_plan import plan_items, plan_parts
+# the Gluon tiles' keys (re-exported: spec is where a key's tiles are looked up)
+from kdispatch.kernels.decode_attention.gluon_keys import (  # noqa: F401
+    GLUON_HEAD_DIMS, GLUON_HEURISTIC_MIN_ROWS, GLUON_KV_DTYPES, GLUON_MIN_ROWS,
+    GLUON_PAGE_SIZES, GLUON_ROWS, GLUON_TILE_TOKENS, NARROW_MAX_ROWS, PLAN_SPLITS, gluon_fits,
+    narrow_fits, plan_workspace_bytes, seesaw_key)
 from kdispatch.opdef import OpConfig, OpKey, PlainArgs, check_pow2, ladder
 
 MAX_SPLITS = 256
@@ -180,25 +183,6 @@ LATENT_TILES: tuple[tuple[bool, int, tuple[int, int, int]], ...] = (
 #: more splits lose badly (kimi b1 x 65,536: 165 vs 39 us). GQA grids lost 1-3% with it at
 #: 2-8 splits and keep the reduce kernel.
 MERGE_MAX_SPLITS_LATENT = 4
-#: the Gluon stage 1's shape: (head dim, v head dim), tokens per tile, rows per program;
-#: the cache page sizes it takes (a 64-token tile is 64 // page pages, one TMA copy each)
-GLUON_HEAD_DIMS = (576, 512)
-GLUON_TILE_TOKENS = BLOCK_N
-GLUON_PAGE_SIZES = (16, 32, 64)
-GLUON_KV_DTYPES = ("bfloat16", "float8_e4m3fn")
-GLUON_ROWS = BLOCK_H
-#: fewer (token, head) rows a request than this pad a 64-row tile too much to be a choice
-GLUON_MIN_ROWS = 16
-#: the heuristic takes the Gluon tile from this many (token, head) rows per request: more
-#: than one 16-row Triton tile. H200, session 12, b32 x 16,384, 64-token pages, Gluon /
-#: Triton tile: 128 heads 338 / 590 us, 128 heads x 2 tokens 645 / 1172, 16 x 4 181 / 337,
-#: 16 x 2 189 / 225 (16-token pages 204 / 226); the full-space tune of kimi-k3-tp8's two-
-#: token keys (12 heads x 2 = 24 rows, 16-token pages): b1 x 65,536 42.0 / 52.3 us, b8 x
-#: 393,216 1150 / 1261. 16 heads x 1 token (16 rows) keeps the Triton tile: 177 / 163.
-#: fp8 latents the same (session 20, the same run, fp8 Gluon / best Triton tile timed:
-#: 128 heads 487.7 / 683.1 us, 16 x 2 248.0 / 294.9; every such key of the re-tune has the
-#: Gluon tile best or within 1.5% of it)
-GLUON_HEURISTIC_MIN_ROWS = 17
 SMEM_LIMIT = 220 * 1024  # Hopper: 227 KB per block, minus some for the compiler
 ACC_REGS_LIMIT = 128     # fp32 accumulator values per thread before spilling is likely
 
@@ -539,25 +523,6 @@ def baseline(key: DecodeKey) -> DecodeConfig:
     return heuristic(key).model_copy(update={"num_kv_splits": 1, "pdl": False, "merge": False})
 
 
-def gluon_fits(key: DecodeKey) -> bool:
-    """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: absorbed MLA with a
-    576/512 latent on 16-, 32- or 64-token pages (64-token tiles), bf16 queries over a
-    bf16 or float8_e4m3fn cache (fp8 converted to fp16 per tile), at least
-    ``GLUON_MIN_ROWS`` (token, head) rows a request (its 64-row tiles padded past them), on
-    an NVIDIA Hopper GPU (warpgroup MMA, TMA)."""
-    return (key.latent and key.vendor == "nvidia" and key.arch == "sm_90"
-            and key.head_dim == GLUON_HEAD_DIMS[0] and key.head_dim_v == GLUON_HEAD_DIMS[1]
-            and key.page_size in GLUON_PAGE_SIZES and key.dtype == "bfloat16"
-            and key.kv_dtype in GLUON_KV_DTYPES and key.rows >= GLUON_MIN_ROWS
-            and not key.sliding)
-
-
-def seesaw_key(key: DecodeKey) -> bool:
-    """Whether the Gluon stage 1 runs ``key`` as its seesaw (a bf16 latent, at every page
-    size it takes; ``gluon_mla.seesaw``)."""
-    return gluon_fits(key) and key.kv_dtype == "bfloat16"
-
-
 def gluon_config(splits: int, plan: bool = False) -> DecodeConfig:
     """The Gluon stage 1's config at ``splits`` (its tile is fixed: 64 rows, 64 tokens),
     with the device-side work plan when ``plan``."""
@@ -565,18 +530,24 @@ def gluon_config(splits: int, plan: bool = False) -> DecodeConfig:
                         block_h=GLUON_ROWS, num_warps=8, num_stages=2, plan=plan)
 
 
-#: persistent programs per SM share the tuner tries with the work plan (1: one wave)
-PLAN_SPLITS = (1, 2)
+#: the narrow fp8 tile's warps (one warpgroup) and stages (its TMA ring: two, beside two
+#: fp16 V tiles)
+NARROW_WARPS = 4
+NARROW_STAGES = 2
 
 
-def plan_workspace_bytes(key: DecodeKey, splits: int) -> int:
-    """The partials of a work plan (:mod:`work_plan`): ``plan_items`` slots a row."""
-    rows = key.q_len * key.num_q_heads
-    parts = plan_parts(splits, key.cu_count, rows)
-    return plan_items(parts, key.batch) * rows * (key.head_dim_v + 1) * 4
+def narrow_config(splits: int, rows: int) -> DecodeConfig:
+    """The narrow fp8 Gluon tile's config at ``splits`` for ``rows`` (token, head) rows a
+    request (``gluon_mla_narrow``: 64-token tiles, 16 rows a program)."""
+    return DecodeConfig(kernel="gluon", num_kv_splits=splits, block_n=GLUON_TILE_TOKENS,
+                        block_h=16 if rows <= 16 else 32, num_warps=NARROW_WARPS,
+                        num_stages=NARROW_STAGES)
 
 
 def is_valid(key: DecodeKey, config: DecodeConfig) -> bool:
+    if config.kernel == "gluon" and config.block_h < GLUON_ROWS:  # the narrow fp8 tile
+        return (narrow_fits(key) and config == narrow_config(config.num_kv_splits, key.rows)
+                and workspace_bytes(key, config.num_kv_splits) <= WORKSPACE_BUDGET)
     if config.kernel == "gluon" or config.plan:  # the plan: the Gluon tile's alone, and its
         # items depend on the batch's lengths (never batch invariant)
         ws = (plan_workspace_bytes if config.plan else workspace_bytes)(key,

@@ -66,14 +66,18 @@ class DecodeTuning(OpTuning):
                         steps = (sr > 0) + (ti > 0) + (bh != h.block_h)
                         rank = (cfg != h, steps > 1, sr + ti + (bh != h.block_h), ti)
                         out.append((rank, cfg))
-        if spec.gluon_fits(key):  # the Gluon tile at every split count, after the heuristic
+        gluon_tiles = [spec.gluon_config] if spec.gluon_fits(key) else []
+        if spec.narrow_fits(key):
+            gluon_tiles.append(lambda s: spec.narrow_config(s, key.rows))
+        for tile in gluon_tiles:  # the Gluon tiles at every split count, after the heuristic
             for s in splits:
-                cfg = spec.gluon_config(s)
+                cfg = tile(s)
                 if cfg not in seen and spec.is_valid(key, cfg):
                     seen.add(cfg)
                     out.append(((cfg != h, False, split_rank[s], 0), cfg))
-            # and over the device's work plan (batches of several requests), ranked with
-            # the heuristic's one-step variants
+        if spec.gluon_fits(key):
+            # the 64-row tile over the device's work plan (batches of several requests),
+            # ranked with the heuristic's one-step variants
             for s in spec.PLAN_SPLITS if key.batch > 1 else ():
                 cfg = spec.gluon_config(s, plan=True)
                 if spec.is_valid(key, cfg):
