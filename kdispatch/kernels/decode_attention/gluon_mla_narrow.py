@@ -8,21 +8,25 @@ instructions, not its MMA work, bound the tile. The 64-row Gluon tile pads the r
 every tile. This tile turns the products around, the 64 tokens of a tile as the MMA's M
 and the rows as its N (warpgroup MMA, one 4-warp warpgroup):
 
-- scores ``S^T [64 tokens, 16] = K [64, 576] q^T`` on e4m3 MMAs: K's fp8 bytes are the
-  A operand straight from the TMA ring, and q is split once per program into two e4m3
-  parts, ``x = q * s_r ~ hi + lo`` (``s_r`` a power of two per row putting its largest
-  value in [128, 256); ``lo = e4m3(x - hi)``: about bf16's 8 significant bits), both
-  products summed in one accumulator and scaled by ``1 / s_r``;
+- scores ``S^T [64 tokens, 16] = K [64, 576] q^T``: with ``F16_QK`` (the default) from
+  the tile's fp16 conversion (K's 512 latent columns are V's) and the rope's 64 columns
+  converted in registers as the MMA's A operand, q as fp16; else on e4m3 MMAs straight
+  from the TMA ring, q split once per program into two e4m3 parts (``x = q * s_r ~ hi +
+  lo``, ``s_r`` a power of two per row putting its largest value in [128, 256); ``lo =
+  e4m3(x - hi)``: about bf16's 8 significant bits), both products summed in one
+  accumulator and scaled by ``1 / s_r`` (session 30: 1.02x faster than fp16 scores in
+  an earlier form, but two graph-replay tests failed on it, maybe its accumulation at
+  logits of ~150 in log2 units; docs/decode_notes.md v30);
 - the online softmax runs down the token axis (a row's max crosses the warps; its sum
   stays per element until the end);
 - ``O^T [512, 16] += V^T [512, 64] P^T [64, 16]``: V (the latent's first 512 columns)
   converted per tile to an fp16 tile (exact; at a partial tile the rows past the split's
   end as zeros), read transposed as the MMA's A operand; P (fp16) through shared memory.
 
-Two fp16 V tiles and two P buffers let the steps overlap: tile ``i``'s step issues the PV
-MMA of tile ``i - 1``, waits tile ``i``'s stage, issues its score MMAs and converts its V
-under both, then waits both MMAs (nothing is in flight across the loop's back edge) and
-runs its softmax; the ring's next copy of a stage leaves once its scores and conversion
+Two fp16 V tiles let the steps overlap: tile ``i``'s step issues the PV MMA of tile
+``i - 1``, waits tile ``i``'s stage and converts its V under it (and, with e4m3 scores,
+under its score MMAs; with fp16 ones they follow the conversion), then waits both MMAs
+(nothing is in flight across the loop's back edge) and runs its softmax; the ring's next copy of a stage leaves once its scores and conversion
 are done, ``STAGES`` (2) tiles ahead. The split of a request's tokens, the page ids
 (``_tile_ids``) and the partials layout are those of ``gluon_mla``'s stage 1, so the
 same reduce merges them.
@@ -47,20 +51,28 @@ from kdispatch.kernels.decode_attention.gluon_mla_tiles import (DPE, DV, _copy_t
 
 #: tokens a tile
 NARROW_TILE = 64
+#: the scores from the fp16 V tile (the latent) and the rope converted in registers, q as
+#: fp16 (else on e4m3 MMAs from the ring, q in two e4m3 parts: call 3 of session 30 had two
+#: graph-replay tests fail on those at large logits; docs/decode_notes.md v30)
+F16_QK = True
 
 
 @gluon.jit
 def _q_parts(q_row, rows_live, stride_qr, smem_hi, smem_lo, col0: gl.constexpr,
-             COLS: gl.constexpr, scale, q_l: gl.constexpr):
+             COLS: gl.constexpr, scale, q_l: gl.constexpr, F16: gl.constexpr):
     """Columns ``[col0, col0 + COLS)`` of the program's q rows times ``scale`` (per row) to
-    shared memory as two e4m3 parts: ``hi = e4m3(x)``, ``lo = e4m3(x - hi)``."""
+    shared memory as two e4m3 parts: ``hi = e4m3(x)``, ``lo = e4m3(x - hi)``; with ``F16``
+    as fp16 (saturating) in ``smem_hi``."""
     r = gl.arange(0, scale.shape[0], layout=gl.SliceLayout(1, q_l))
     c = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, q_l))
     x = gl.load(q_row + r[:, None] * stride_qr + c[None, :], mask=rows_live[:, None],
                 other=0.0).to(gl.float32) * scale[:, None]
-    hi = x.to(gl.float8e4nv)
-    smem_hi.store(hi)
-    smem_lo.store((x - hi.to(gl.float32)).to(gl.float8e4nv))
+    if F16:
+        smem_hi.store(gl.minimum(gl.maximum(x, -65504.0), 65504.0).to(gl.float16))
+    else:
+        hi = x.to(gl.float8e4nv)
+        smem_hi.store(hi)
+        smem_lo.store((x - hi.to(gl.float32)).to(gl.float8e4nv))
 
 
 @gluon.jit
@@ -100,6 +112,7 @@ def _narrow_stage1(
     NUM_KV_SPLITS: gl.constexpr, NROWS: gl.constexpr, PAGE: gl.constexpr,
     DV: gl.constexpr, DPE: gl.constexpr, GRID_SPLITS: gl.constexpr, num_warps: gl.constexpr,
     QLEN: gl.constexpr = 1, STAGES: gl.constexpr = 2, KV_SCALED: gl.constexpr = False,
+    F16_QK: gl.constexpr = False,
 ):
     gl.static_assert(num_warps == 4)
     gl.static_assert(NROWS == 16)
@@ -121,7 +134,12 @@ def _narrow_stage1(
     oob_row = num_pages * PAGE
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(  # (K 32: e4m3 operands)
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NROWS, 32])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NROWS, 16 if F16_QK else 32])
+    # F16_QK: the scores from the fp16 V tile (K's latent columns) and the rope converted
+    # in registers (the MMA's A operand), q as fp16; one P buffer (its one reader, the PV
+    # MMA of the tile before, is waited before the next P is stored)
+    P_BUFS: gl.constexpr = 1 if F16_QK else 2
+    rope_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NROWS, 16])
     tok_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -138,14 +156,19 @@ def _narrow_stage1(
                                              rank=2)
     v16 = gl.allocate_shared_memory(gl.float16, [2, TILE, DV], l16)
     p_smem = gl.allocate_shared_memory(
-        gl.float16, [2, TILE, NROWS], gl.NVMMASharedLayout.get_default_for([TILE, NROWS],
-                                                                           gl.float16))
-    lq: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NROWS, DV], gl.float8e4nv)
-    lqp: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NROWS, DPE], gl.float8e4nv)
-    q_hi = gl.allocate_shared_memory(gl.float8e4nv, [NROWS, DV], lq)
-    q_lo = gl.allocate_shared_memory(gl.float8e4nv, [NROWS, DV], lq)
-    qp_hi = gl.allocate_shared_memory(gl.float8e4nv, [NROWS, DPE], lqp)
-    qp_lo = gl.allocate_shared_memory(gl.float8e4nv, [NROWS, DPE], lqp)
+        gl.float16, [P_BUFS, TILE, NROWS], gl.NVMMASharedLayout.get_default_for([TILE, NROWS],
+                                                                                gl.float16))
+    QT: gl.constexpr = gl.float16 if F16_QK else gl.float8e4nv
+    lq: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NROWS, DV], QT)
+    lqp: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NROWS, DPE], QT)
+    q_hi = gl.allocate_shared_memory(QT, [NROWS, DV], lq)
+    qp_hi = gl.allocate_shared_memory(QT, [NROWS, DPE], lqp)
+    if F16_QK:
+        q_lo = q_hi  # (unused)
+        qp_lo = qp_hi
+    else:
+        q_lo = gl.allocate_shared_memory(QT, [NROWS, DV], lq)
+        qp_lo = gl.allocate_shared_memory(QT, [NROWS, DPE], lqp)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=1)
@@ -162,21 +185,25 @@ def _narrow_stage1(
     q_row = q_ptr + (b * (QLEN * heads)).to(gl.int64) * stride_qr
     rows_q = gl.arange(0, NROWS, layout=gl.SliceLayout(1, q_l))
     live_q = rows_q < QLEN * heads
-    qs = _q_scale(q_row, live_q, stride_qr, q_l, NROWS, DV, DPE)
-    colmul = qk_scale / gl.convert_layout(qs, row_s)
+    if F16_QK:
+        qs = gl.full([NROWS], 1.0, gl.float32, layout=gl.SliceLayout(1, q_l))
+        colmul = gl.full([NROWS], qk_scale, gl.float32, layout=row_s)
+    else:
+        qs = _q_scale(q_row, live_q, stride_qr, q_l, NROWS, DV, DPE)
+        colmul = qk_scale / gl.convert_layout(qs, row_s)
     if KV_SCALED:  # the dequantized latent (as K) = stored * k_scale
         colmul = colmul * gl.load(KS)
     for c in gl.static_range(DV // 128):
         _q_parts(q_row, live_q, stride_qr, q_hi.slice(c * 128, 128, dim=1),
-                 q_lo.slice(c * 128, 128, dim=1), c * 128, 128, qs, q_l)
-    _q_parts(q_row, live_q, stride_qr, qp_hi, qp_lo, DV, DPE, qs, q_l)
+                 q_lo.slice(c * 128, 128, dim=1), c * 128, 128, qs, q_l, F16_QK)
+    _q_parts(q_row, live_q, stride_qr, qp_hi, qp_lo, DV, DPE, qs, q_l, F16_QK)
     # the second V tile and P buffer as zeros: the first tile's step runs the PV MMA of
     # "tile -1" on them (adding nothing), as a split without tiles runs the last one
     zero_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     for c in gl.static_range(DV // 64):
         v16.index(1).slice(c * 64, 64, dim=1).store(
             gl.zeros([TILE, 64], gl.float16, layout=zero_l))
-    p_smem.index(1).store(gl.zeros([TILE, NROWS], gl.float16, layout=zero_l))
+    p_smem.index(P_BUFS - 1).store(gl.zeros([TILE, NROWS], gl.float16, layout=zero_l))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -208,18 +235,27 @@ def _narrow_stage1(
                               TILE, PAGE)[4]
         # the PV MMA of the tile before (its P and V in the other buffers), in flight under
         # this tile's scores and conversion
-        acc = warpgroup_mma(v16.index(1 - buf).permute((1, 0)), p_smem.index(1 - buf), acc,
-                            is_async=True)
+        acc = warpgroup_mma(v16.index(1 - buf).permute((1, 0)),
+                            p_smem.index((i + P_BUFS - 1) % P_BUFS), acc, is_async=True)
         mbarrier.wait(ready.index(st), (i // STAGES) & 1)
         kv = kv_smem.index(st)
         pe = pe_smem.index(st)
-        s = warpgroup_mma(kv, q_hi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(kv, q_lo.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(pe, qp_hi.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(pe, qp_lo.permute((1, 0)), s, is_async=True)
-        _v_to_f16(kv, v16.index(buf), end - n0, num_warps)
-        fence_async_shared()
-        gl.thread_barrier()
+        if F16_QK:  # the conversion first: the latent's scores read its fp16 tile
+            _v_to_f16(kv, v16.index(buf), end - n0, num_warps)
+            rope = pe.load(rope_l).to(gl.float16)
+            fence_async_shared()
+            gl.thread_barrier()
+            s = warpgroup_mma(v16.index(buf), q_hi.permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+            s = warpgroup_mma(rope, qp_hi.permute((1, 0)), s, is_async=True)
+        else:  # e4m3 scores from the ring, V's conversion under them
+            s = warpgroup_mma(kv, q_hi.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(kv, q_lo.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(pe, qp_hi.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(pe, qp_lo.permute((1, 0)), s, is_async=True)
+            _v_to_f16(kv, v16.index(buf), end - n0, num_warps)
+            fence_async_shared()
+            gl.thread_barrier()
         # both waited here: nothing in flight across the loop's back edge
         acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
         # the stage is read (scores, conversion): its next copy leaves
@@ -236,15 +272,15 @@ def _narrow_stage1(
         l_2d = l_2d * alpha[None, :] + p
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, row_o)[None, :]
-        p_smem.index(buf).store(p.to(gl.float16))
+        p_smem.index(i % P_BUFS).store(p.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()
         bits = bits_next
 
     # the last tile's PV MMA (zeros without tiles)
     last = (n_tiles + 1) % 2
-    acc = warpgroup_mma(v16.index(last).permute((1, 0)), p_smem.index(last), acc,
-                        is_async=True)
+    acc = warpgroup_mma(v16.index(last).permute((1, 0)),
+                        p_smem.index((n_tiles + P_BUFS - 1) % P_BUFS), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     l_i = gl.sum(l_2d, 0)
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
@@ -270,7 +306,7 @@ def narrow_constexprs(splits: int, grid_splits: int, rows_block: int, page: int,
     """The narrow stage 1's constexprs (``rows_block``: 16 or 32 rows a program)."""
     return {"NUM_KV_SPLITS": splits, "NROWS": rows_block, "PAGE": page, "DV": DV, "DPE": DPE,
             "QLEN": q_len, "GRID_SPLITS": grid_splits, "STAGES": stages,
-            "KV_SCALED": scaled}
+            "KV_SCALED": scaled, "F16_QK": F16_QK}
 
 
 def narrow_args(q, kv_cache, block_table, seq_lens, scale, po, pl, k_scale=None,
