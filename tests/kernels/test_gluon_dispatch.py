@@ -64,10 +64,12 @@ def test_fp8_latents_take_the_gluon_tile_past_16_rows(change, gluon):
     every preset key (bench/results/nvidia-h200/session20/h200.sqlite) has it the best or
     within 1.5% of it at every such fp8 key, and a same-run sweep (call 1) timed it at
     0.68-0.84x the best Triton tile's time (128 heads b32 x 16,384: 487.7 vs 683.1 us;
-    16 heads x 2 tokens: 248.0 vs 294.9). 16 rows keep the Triton tile, as for bf16."""
+    16 heads x 2 tokens: 248.0 vs 294.9). 16 rows take the narrow fp8 tile instead."""
     key = _key(kv_dtype="float8_e4m3fn", **change)
     assert spec.gluon_fits(key) == (key.rows >= spec.GLUON_MIN_ROWS)
-    assert (OP.heuristic(key).kernel == "gluon") == gluon
+    h = OP.heuristic(key)
+    assert (h.kernel == "gluon" and h.block_h == 64) == gluon
+    assert (h == spec.narrow_config(h.num_kv_splits, key.rows)) == (key.rows <= 16)
     if spec.gluon_fits(key):
         assert any(c.kernel == "gluon" for c in OP.tuning.candidates(key))
     # AMD's fnuz fp8 never takes it
@@ -348,3 +350,19 @@ def test_a_narrow_config_in_the_interpreter_runs_the_triton_tile():
     out = launch_decode_attention(cfg, q, k, k[..., :512], bt, sl, scale=576 ** -0.5)
     ref = reference_decode_attention(q, k, k[..., :512], bt, sl, scale=576 ** -0.5)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("heads, batch, context, splits", [
+    (12, 1, 65536, 128), (12, 1, 393216, 256), (12, 8, 65536, 33), (12, 8, 393216, 33),
+    (16, 8, 16384, 16), (16, 8, 393216, 33), (16, 32, 16384, 8), (16, 32, 393216, 8)])
+def test_the_heuristic_takes_the_narrow_tile_for_fp8_latents_of_16_rows(heads, batch,
+                                                                       context, splits):
+    """16 rows of an fp8 latent: the narrow tile at whole waves of one program per SM, two
+    where a split keeps 1,024 tokens (session 30, call 3: the tune's best split count of its
+    e4m3 form at every such key but b8 x 16,384, where the check had 16 best); bf16 keeps
+    the Triton tile."""
+    key = _key(kv_dtype="float8_e4m3fn", num_q_heads=heads, batch=batch, context=context,
+               page_size=16)
+    assert OP.heuristic(key) == spec.narrow_config(splits, heads)
+    assert OP.heuristic(_key(num_q_heads=heads, batch=batch, context=context,
+                             page_size=16)).kernel == "triton"

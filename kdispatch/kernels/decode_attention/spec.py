@@ -479,8 +479,23 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
     return max(1, splits)
 
 
+def narrow_splits(key: DecodeKey) -> int:
+    """The narrow fp8 tile's split count: whole waves of one program per SM, two where a
+    split of two waves still holds ``NARROW_TWO_WAVES_MIN_TOKENS``, at most one split per
+    ``LATENT_MIN_TOKENS_PER_SPLIT``."""
+    base = base_programs(key, 16)
+    one, two = max(1, key.cu_count // base), max(1, 2 * key.cu_count // base)
+    splits = two if key.context // two >= NARROW_TWO_WAVES_MIN_TOKENS else one
+    return max(1, min(splits, key.context // LATENT_MIN_TOKENS_PER_SPLIT, MAX_SPLITS,
+                      max_splits_for_budget(key)))
+
+
 def heuristic(key: DecodeKey) -> DecodeConfig:
     block_h = default_block_h(key)
+    if narrow_fits(key):  # (session 30's tune: best at 7 of 8 such keys, 1.007-1.217x)
+        cfg = narrow_config(narrow_splits(key), key.rows)
+        if is_valid(key, cfg):
+            return cfg
     if gluon_fits(key) and key.rows >= GLUON_HEURISTIC_MIN_ROWS:
         splits = split_count(key, GLUON_ROWS, GLUON_TILE_TOKENS, 8)
         # fp8 latents filling the tile at one split: the plan (best at all 12, session 29)
@@ -534,6 +549,12 @@ def gluon_config(splits: int, plan: bool = False) -> DecodeConfig:
 #: fp16 V tiles)
 NARROW_WARPS = 4
 NARROW_STAGES = 2
+#: two waves of the narrow tile where each split keeps this many tokens (session 30, call 3's
+#: tune of its e4m3 form, best split counts: b1 x 393,216 256 (1,536 tokens a split), b8 x
+#: 65,536 33, b8 x 393,216 33, b32 x 393,216 8; one wave: b1 x 65,536 128, b8 x 16,384 16
+#: in the check (52.6 vs 60.9 us at 33); b32 x 16,384 went either way (8 in the tune, 4 in
+#: the check: 170.4 vs 176.1 us))
+NARROW_TWO_WAVES_MIN_TOKENS = 1024
 
 
 def narrow_config(splits: int, rows: int) -> DecodeConfig:
