@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# (Runs on branch narrow-fp8's tree: narrow-fp8.diff here.)
 # Session 30, call 4 (one H200): call 3's two failed narrow-tile graph-replay tests
-# diagnosed (narrow_precision.py): per replay, the narrow tile's error with and without
-# fp32 promotion of its e4m3 score MMAs, beside the 64-row tile's.
+# diagnosed (narrow_precision.py): per replay, the narrow tile's error with its scores on
+# e4m3 MMAs and on fp16 ones (F16_QK), beside the 64-row tile's.
 #   OUT=$OUT bash bench/results/nvidia-h200/session30/call4.sh   # carry [".whl"]
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
