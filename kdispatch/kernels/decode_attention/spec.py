@@ -500,8 +500,8 @@ def heuristic(key: DecodeKey) -> DecodeConfig:
         splits = split_count(key, GLUON_ROWS, GLUON_TILE_TOKENS, 8)
         # fp8 latents filling the tile at one split: the plan (best at all 12, session 29)
         fp8_plan = splits == 1 and is_fp8(key.kv_dtype) and key.rows >= GLUON_ROWS
-        for cfg in (gluon_config(splits, plan) for plan in (fp8_plan, False)):
-            if is_valid(key, cfg):
+        for plan in (True, False) if fp8_plan else (False,):  # (the split grid once)
+            if is_valid(key, cfg := gluon_config(splits, plan)):
                 return cfg
     if key.latent:
         block_n, warps, stages = latent_tile(key, block_h)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran a draft of gluon_mla_narrow.py that was not kept: branch narrow-fp8 holds its successor.)
 # Session 30, call 2 (one H200): the narrow fp8 MLA tile at 4 and 8 warps (two warpgroups),
 # against the table's configs, same run: errors vs the fp32 reference on ragged lengths
 # around page and tile boundaries, then graph-replay times (2 alternating rounds).

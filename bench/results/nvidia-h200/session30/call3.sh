@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Runs on branch narrow-fp8's tree: narrow-fp8.diff here.)
 # Session 30, call 3 (one H200): the narrow fp8 MLA tile as landed (gluon_mla_narrow, skewed:
 # the PV MMA of tile i - 1 under tile i's scores and conversion; decode hash moved).
 # (1) narrow_check.py: through the public op with its config, errors vs the fp32 reference

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Runs on branch narrow-fp8's tree: narrow-fp8.diff here. Written in session 30, not run.)
 # Session 30, call 4 (one H200): call 3's two failed narrow-tile graph-replay tests
 # diagnosed (narrow_precision.py): per replay, the narrow tile's error with its scores on
 # e4m3 MMAs and on fp16 ones (F16_QK), beside the 64-row tile's.

@@ -11,29 +11,6 @@ from kdispatch.kernels.decode_attention.launch import checked_plan
 from kdispatch.kernels.decode_attention.spec import narrow_config
 
 
-import kdispatch.kernels.decode_attention.launch as L  # noqa: E402
-import kdispatch.kernels.decode_attention.gluon_mla_narrow as N  # noqa: E402
-
-_ORIG = N.narrow_constexprs
-
-
-def e4m3(inp, cfg):
-    """The narrow tile with its scores on e4m3 MMAs (F16_QK off), through the explicit-config
-    launcher (the cached path would reuse the default's plan)."""
-    out = torch.empty(inp["q"].shape[:-1] + (512,), device="cuda", dtype=torch.bfloat16)
-
-    def g():
-        L.narrow_constexprs = lambda *a: {**_ORIG(*a), "F16_QK": False}
-        try:
-            return L.launch_decode_attention(
-                cfg, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"],
-                inp["seq_lens"], scale=inp["scale"], out=out, k_scale=inp["k_scale"],
-                v_scale=inp["v_scale"])
-        finally:
-            L.narrow_constexprs = _ORIG
-    return g
-
-
 def fn(inp, cfg=None):
     out = torch.empty(inp["q"].shape[:-1] + (512,), device="cuda", dtype=torch.bfloat16)
     kw = {k: v for k, v in inp.items() if k in ("k_scale", "v_scale")}
@@ -83,8 +60,6 @@ def main():
         fns = {"table-fp8": [fn(i) for i in sets8], "table-bf16": [fn(i) for i in sets16]}
         for sp in splitl:
             fns[f"narrow-s{sp}"] = [fn(i, narrow_config(sp, hq)) for i in sets8]
-            if "F16_QK" in _ORIG(1, 1, 16, 16, 1, False, 2):  # the e4m3 scores beside
-                fns[f"narrow-e4m3-s{sp}"] = [e4m3(i, narrow_config(sp, hq)) for i in sets8]
         for k, fl in fns.items():
             o = fl[0](); torch.cuda.synchronize()
             print(name, k, "err %.5f" % err(o, sets8[0] if "bf16" not in k else sets16[0]), flush=True)
