@@ -69,7 +69,7 @@ def _geomean(values) -> float:
 #: the work plan that charges a segment's cost among them): the first 8 candidates of every
 #: preset decode key, with session 28's 16 of every writer key (the writer unchanged), each
 #: key's first timed candidate timed again at the key's end (the faster kept)
-LATEST = RESULTS / "session29/h200.sqlite"
+LATEST = RESULTS / "session31/h200.sqlite"
 
 
 def test_the_heuristics_come_within_10_percent_of_the_recorded_best(tmp_path):

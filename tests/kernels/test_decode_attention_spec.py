@@ -82,8 +82,8 @@ def test_heuristic_fills_device_for_kimi():
     programs = k.batch * cfg.num_kv_splits
     assert programs >= k.cu_count and cfg.num_kv_splits > 1
     assert SPEC.is_valid(k, cfg)
-    # the shipped H200 table's row at this key is the best of session 29's re-tune
-    # (bench/results/nvidia-h200/session29/h200.sqlite, the first 8 candidates): the
+    # the shipped H200 table's row at this key is the best of session 31's re-tune
+    # (bench/results/nvidia-h200/session31/h200.sqlite, the first 8 candidates): the
     # heuristic's 16-row, 32-token tile, at its split count or twice it (session 18's tune
     # had 66 splits best, session 20's 33 merged in stage 1 at 888.8 us beside 66 at 895.0:
     # the first four within 4%)
@@ -98,9 +98,9 @@ def test_heuristic_fills_device_for_kimi():
 
 
 def _recorded_best(key):
-    """The fastest verified, non-baseline decode measurement of ``key`` in session 29's
+    """The fastest verified, non-baseline decode measurement of ``key`` in session 31's
     committed tuning database (tools/heuristic_report.py's reading of it)."""
-    rows = tool("heuristic_report").recorded_rows(RESULTS / "session29/h200.sqlite")
+    rows = tool("heuristic_report").recorded_rows(RESULTS / "session31/h200.sqlite")
     best = [row.best for row in rows if row.key == key]
     assert len(best) == 1, key
     return SPEC.parse_config(best[0])

@@ -481,11 +481,12 @@ def split_count(key: DecodeKey, block_h: int, block_n: int, num_warps: int = 4,
 
 def narrow_splits(key: DecodeKey) -> int:
     """The narrow fp8 tile's split count: whole waves of one program per SM, two where a
-    split of two waves still holds ``NARROW_TWO_WAVES_MIN_TOKENS``, at most one split per
-    ``LATENT_MIN_TOKENS_PER_SPLIT``."""
+    split of two waves still holds ``NARROW_TWO_WAVES_MIN_TOKENS`` and two waves fit in
+    ``MAX_SPLITS``, at most one split per ``LATENT_MIN_TOKENS_PER_SPLIT``."""
     base = base_programs(key, 16)
     one, two = max(1, key.cu_count // base), max(1, 2 * key.cu_count // base)
-    splits = two if key.context // two >= NARROW_TWO_WAVES_MIN_TOKENS else one
+    splits = two if two <= MAX_SPLITS and key.context // two >= NARROW_TWO_WAVES_MIN_TOKENS \
+        else one
     return max(1, min(splits, key.context // LATENT_MIN_TOKENS_PER_SPLIT, MAX_SPLITS,
                       max_splits_for_budget(key)))
 
@@ -549,11 +550,11 @@ def gluon_config(splits: int, plan: bool = False) -> DecodeConfig:
 #: fp16 V tiles)
 NARROW_WARPS = 4
 NARROW_STAGES = 2
-#: two waves of the narrow tile where each split keeps this many tokens (session 30, call 3's
-#: tune of its e4m3 form, best split counts: b1 x 393,216 256 (1,536 tokens a split), b8 x
-#: 65,536 33, b8 x 393,216 33, b32 x 393,216 8; one wave: b1 x 65,536 128, b8 x 16,384 16
-#: in the check (52.6 vs 60.9 us at 33); b32 x 16,384 went either way (8 in the tune, 4 in
-#: the check: 170.4 vs 176.1 us))
+#: two waves of the narrow tile where each split keeps this many tokens (session 31's tune,
+#: fp16 scores, best split counts: b8 x 65,536 33 (17: 1.43x slower), b8 x 393,216 33, b32
+#: x 393,216 8; one wave: b8 x 16,384 16, b1 x 65,536 128 and b1 x 393,216 132 (two waves
+#: there pass MAX_SPLITS: 256 took 1.14x as long); b32 x 16,384 goes either way (8 in the
+#: tune, 4 3% faster in call 2's check))
 NARROW_TWO_WAVES_MIN_TOKENS = 1024
 
 
