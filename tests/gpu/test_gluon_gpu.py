@@ -160,10 +160,10 @@ def test_page_ids_outside_the_cache_contribute_nothing(bad, fp8, hq):
                                             (12, 2, 32), (16, 1, 16), (12, 1, 64),
                                             (8, 2, 32)])
 def test_fp8_latent_graph_replays_new_scales_lengths_and_tables(hq, q_len, page):
-    """The fp8 latent through the Gluon tiles (up to 16 rows: the narrow tile, scores on
-    e4m3 MMAs with q in two e4m3 parts): one captured decode replayed with new scales,
-    lengths around page and tile boundaries, tables and queries matches the reference on
-    the cache dequantized with that replay's scale (the bf16 tolerance)."""
+    """The fp8 latent through the Gluon tiles (up to 16 rows: the narrow tile, its scores
+    on fp16 MMAs; its e4m3 scores failed here at scale 0.5): one captured decode replayed
+    with new scales, lengths around page and tile boundaries, tables and queries matches
+    the reference on the cache dequantized with that replay's scale (the bf16 tolerance)."""
     b, ctx = 8, 8192
     k_scale = torch.full((1,), 0.02, device="cuda")
     q, k, v, bt, g = _inputs(b, hq, ctx, hq + page, page=page, fp8_scale=k_scale)

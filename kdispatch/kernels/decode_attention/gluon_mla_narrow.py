@@ -13,10 +13,11 @@ and the rows as its N (warpgroup MMA, one 4-warp warpgroup):
   converted in registers as the MMA's A operand, q as fp16; else on e4m3 MMAs straight
   from the TMA ring, q split once per program into two e4m3 parts (``x = q * s_r ~ hi +
   lo``, ``s_r`` a power of two per row putting its largest value in [128, 256); ``lo =
-  e4m3(x - hi)``: about bf16's 8 significant bits), both products summed in one
-  accumulator and scaled by ``1 / s_r`` (session 30: 1.02x faster than fp16 scores in
-  an earlier form, but two graph-replay tests failed on it, maybe its accumulation at
-  logits of ~150 in log2 units; docs/decode_notes.md v30);
+  e4m3(x - hi)``: about bf16's 8 significant bits), each 128 columns in an accumulator of
+  their own, summed in fp32 and scaled by ``1 / s_r``. The e4m3 form is 1.03-1.08x faster
+  but not precise enough (session 31: at logits of ~160 in log2 units, 1.5 against the
+  fp16 form's 0.25 max error, which the 64-row tile matches; 3.3-7.6 with one
+  accumulator; docs/decode_notes.md v31);
 - the online softmax runs down the token axis (a row's max crosses the warps; its sum
   stays per element until the end);
 - ``O^T [512, 16] += V^T [512, 64] P^T [64, 16]``: V (the latent's first 512 columns)
@@ -52,8 +53,8 @@ from kdispatch.kernels.decode_attention.gluon_mla_tiles import (DPE, DV, _copy_t
 #: tokens a tile
 NARROW_TILE = 64
 #: the scores from the fp16 V tile (the latent) and the rope converted in registers, q as
-#: fp16 (else on e4m3 MMAs from the ring, q in two e4m3 parts: call 3 of session 30 had two
-#: graph-replay tests fail on those at large logits; docs/decode_notes.md v30)
+#: fp16 (else on e4m3 MMAs from the ring, q in two e4m3 parts: two graph-replay tests
+#: failed on those at large logits, session 30; docs/decode_notes.md v30, v31)
 F16_QK = True
 
 
