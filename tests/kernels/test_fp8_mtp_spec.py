@@ -63,8 +63,8 @@ def test_decode_plain_form_and_validation():
 def test_mla_two_tokens_share_one_block_and_the_grid():
     """DeepSeek TP8 with two tokens: 32 rows (2 tokens x 16 heads) in one block, so every
     latent tile is read once for both tokens; the grid (and split count) equals Q=1's.
-    The tiles are the session-8 full-space tune's bests: bf16 32 rows at 32 tokens, 4 warps;
-    fp8 latents take the bf16 16-row tile (no spills since the latent is staged as fp16)
+    The Triton tiles are the session-8 full-space tune's bests (the A100's here): bf16 32
+    rows at 32 tokens, 4 warps; fp8 latents take the bf16 16-row tile (no spills since the latent is staged as fp16)
     and wider blocks at 64 tokens, 8 warps: one per SM; 128 heads in 64-row blocks (the
     session-9 tune: 1.6x faster than 32-row fp8 blocks). On the H200 the bf16 two-token
     rows take the Gluon tile (64 rows, session 12; fp8 latents since session 20); the
@@ -79,13 +79,16 @@ def test_mla_two_tokens_share_one_block_and_the_grid():
         assert DECODE.is_valid(dkey(**kw), DECODE.heuristic(dkey(**kw))), kw
     assert DECODE.heuristic(dkey(num_q_heads=128, q_len=2)).block_h == 64
     f1, f2 = DECODE.heuristic(dkey(kv_dtype=FP8)), DECODE.heuristic(dkey(kv_dtype=FP8, q_len=2))
-    assert (f1.block_h, f1.block_n, f1.num_warps) == (16, 32, 4)
+    # the H200's 16-row fp8 latent: the narrow Gluon tile (session 31), 64 tokens a tile
+    assert (f1.kernel, f1.block_h, f1.block_n, f1.num_warps) == ("gluon", 16, 64, 4)
     a1 = DECODE.heuristic(dkey(a100, kv_dtype=FP8))
     a2 = DECODE.heuristic(dkey(a100, kv_dtype=FP8, q_len=2))
     assert (a2.block_h, a2.block_n, a2.num_warps, a2.num_stages) == (32, 64, 8, 2)
     assert a2.num_kv_splits == max(1, a1.num_kv_splits // 2)  # one resident program per SM
-    # on the H200 fp8 latents past 16 rows take the Gluon tile too (session 20)
-    assert f2.kernel == "gluon" and f1.kernel == "triton"
+    # on the H200 fp8 latents past 16 rows take the 64-row Gluon tile (session 20); the
+    # A100's fp8 latents the Triton tiles
+    assert f2.kernel == "gluon" and f2.block_h == 64
+    assert a1.kernel == a2.kernel == "triton" and (a1.block_h, a1.block_n) == (16, 32)
     assert DECODE.heuristic(dkey(kv_dtype=FP8, num_q_heads=128)).block_h == 64
     k8 = dkey(q_len=8, num_q_heads=128, batch=512)
     assert workspace_bytes(k8, 2) == 8 * workspace_bytes(dkey(num_q_heads=128, batch=512), 2)
