@@ -33,6 +33,7 @@ GLUON_HEURISTIC_MIN_ROWS = 17
 #: 1.01x the 64-row tile's time: docs/decode_notes.md v30)
 NARROW_MAX_ROWS = 16
 
+
 def gluon_fits(key: Any) -> bool:
     """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: absorbed MLA with a
     576/512 latent on 16-, 32- or 64-token pages (64-token tiles), bf16 queries over a

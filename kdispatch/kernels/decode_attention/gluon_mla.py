@@ -355,7 +355,7 @@ def gluon_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     16/32/64-token pages whose 576-wide rows are contiguous, 16-byte aligned and packed
     page after page (TMA copies a page as one box), unit-stride block-table rows and
     lengths, no window, no logit cap, and the Gluon tile itself (or the narrow fp8 tile:
-    ``gluon_mla_narrow``, an fp8 latent of at most 32 rows a request)."""
+    ``gluon_mla_narrow``, an fp8 latent of at most 16 rows a request)."""
     if interpreting() or not q.is_cuda or sliding_window is not None or logit_cap > 0:
         return False
     _, t, h, _ = q_dims(q)

@@ -560,7 +560,8 @@ NARROW_TWO_WAVES_MIN_TOKENS = 1024
 
 def narrow_config(splits: int, rows: int) -> DecodeConfig:
     """The narrow fp8 Gluon tile's config at ``splits`` for ``rows`` (token, head) rows a
-    request (``gluon_mla_narrow``: 64-token tiles, 16 rows a program)."""
+    request (``gluon_mla_narrow``: 64-token tiles, 16 rows a program; past 16 rows a
+    32-row config no key takes, so ``gluon_call`` turns a 16-row one away from wider calls)."""
     return DecodeConfig(kernel="gluon", num_kv_splits=splits, block_n=GLUON_TILE_TOKENS,
                         block_h=16 if rows <= 16 else 32, num_warps=NARROW_WARPS,
                         num_stages=NARROW_STAGES)
