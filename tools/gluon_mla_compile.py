@@ -8,7 +8,7 @@ on a machine without a GPU and report ptxas's registers and spills and the share
 program scans the batch's lengths); ``--plan`` the work plan's (each program reads its
 item's request and token range); ``--kv fp8`` the fp8 (e4m3) latent's variant, with its
 scale tensors; ``--narrow`` the narrow fp8 tile (``gluon_mla_narrow``, through the launch
-plan of its config; fp8, up to 32 rows; no spill allowed). Prints one JSON line per (cache dtype, page size, heads x QLEN, split
+plan of its config; fp8, up to 16 rows; no spill allowed). Prints one JSON line per (cache dtype, page size, heads x QLEN, split
 count); exits 1 when a compile fails, the two warpgroups' code spills (the seesaw's, bf16
 latents: more than ``SEESAW_SPILL_LIMIT`` bytes), the copy warp's spills more
 than ``COPY_WARP_SPILL_LIMIT`` bytes, or the kernel needs more than the 227 KB of shared
@@ -136,7 +136,7 @@ def ptxas_report(kernel, arch: int = 90) -> dict:
 
 def failed(rep: dict) -> bool:
     """Whether a report breaks the tool's bounds (see the module docstring)."""
-    if rep.get("narrow"):  # one warpgroup pair, no warp specialization: no spill at all
+    if rep.get("narrow"):  # one warpgroup, no warp specialization: no spill at all
         spills = rep["spill_store_bytes"] > 0
     elif G.seesaw(rep["kv"] == "fp8"):
         spills = rep["spill_store_bytes"] > SEESAW_SPILL_LIMIT
@@ -155,7 +155,7 @@ def main() -> int:
     ap.add_argument("--plan", action="store_true", help="the work plan's variant")
     ap.add_argument("--kv", default="bf16", help="cache dtypes: bf16, fp8 or bf16,fp8")
     ap.add_argument("--narrow", action="store_true",
-                    help="the narrow fp8 tile (gluon_mla_narrow; fp8 only, up to 32 rows)")
+                    help="the narrow fp8 tile (gluon_mla_narrow; fp8 only, up to 16 rows)")
     ap.add_argument("--dump", default=None, help="write the ttgir and ptx here")
     args = ap.parse_args()
     bad = 0

@@ -34,17 +34,23 @@ GLUON_HEURISTIC_MIN_ROWS = 17
 NARROW_MAX_ROWS = 16
 
 
-def gluon_fits(key: Any) -> bool:
-    """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: absorbed MLA with a
-    576/512 latent on 16-, 32- or 64-token pages (64-token tiles), bf16 queries over a
-    bf16 or float8_e4m3fn cache (fp8 converted to fp16 per tile), at least
-    ``GLUON_MIN_ROWS`` (token, head) rows a request (its 64-row tiles padded past them), on
-    an NVIDIA Hopper GPU (warpgroup MMA, TMA)."""
+def _gluon_latent(key: Any) -> bool:
+    """What both Gluon tiles need of ``key``: absorbed MLA with a 576/512 latent on 16-,
+    32- or 64-token pages (64-token tiles), bf16 queries, no window, on an NVIDIA Hopper
+    GPU (warpgroup MMA, TMA)."""
     return (key.latent and key.vendor == "nvidia" and key.arch == "sm_90"
             and key.head_dim == GLUON_HEAD_DIMS[0] and key.head_dim_v == GLUON_HEAD_DIMS[1]
             and key.page_size in GLUON_PAGE_SIZES and key.dtype == "bfloat16"
-            and key.kv_dtype in GLUON_KV_DTYPES and key.rows >= GLUON_MIN_ROWS
             and not key.sliding)
+
+
+def gluon_fits(key: Any) -> bool:
+    """Whether the Gluon stage 1 (``kernel="gluon"``) serves ``key``: the Gluon latent
+    (:func:`_gluon_latent`) over a bf16 or float8_e4m3fn cache (fp8 converted to fp16 per
+    tile), at least ``GLUON_MIN_ROWS`` (token, head) rows a request (its 64-row tiles
+    padded past them)."""
+    return (_gluon_latent(key) and key.kv_dtype in GLUON_KV_DTYPES
+            and key.rows >= GLUON_MIN_ROWS)
 
 
 def seesaw_key(key: Any) -> bool:
@@ -55,13 +61,10 @@ def seesaw_key(key: Any) -> bool:
 
 def narrow_fits(key: Any) -> bool:
     """Whether the narrow Gluon tile (``gluon_mla_narrow``: the tokens as the MMA's M, a
-    request's rows its N) serves ``key``: the 64-row tile's latent, pages and device, an
-    fp8 (e4m3) cache and at most ``NARROW_MAX_ROWS`` (token, head) rows a request."""
-    return (key.latent and key.vendor == "nvidia" and key.arch == "sm_90"
-            and key.head_dim == GLUON_HEAD_DIMS[0] and key.head_dim_v == GLUON_HEAD_DIMS[1]
-            and key.page_size in GLUON_PAGE_SIZES and key.dtype == "bfloat16"
-            and key.kv_dtype == "float8_e4m3fn" and key.rows <= NARROW_MAX_ROWS
-            and not key.sliding)
+    request's rows its N) serves ``key``: the Gluon latent (:func:`_gluon_latent`) over an
+    fp8 (e4m3) cache, at most ``NARROW_MAX_ROWS`` (token, head) rows a request."""
+    return (_gluon_latent(key) and key.kv_dtype == "float8_e4m3fn"
+            and key.rows <= NARROW_MAX_ROWS)
 
 
 #: persistent programs per SM share the tuner tries with the work plan (1: one wave)
